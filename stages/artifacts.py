@@ -1,0 +1,186 @@
+"""The artifact contract: paths and Arrow schemas every stage and every test rely on.
+
+See ../shared/DESIGN.md ("Artifact contract"). Keep this file and that table in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
+
+SPLITS = ("train", "val", "test_id", "test_ood")
+DATA = Path("data")
+
+# Prepared data: `x` is a fixed-size list whose length is the product of `shape` in metadata.
+PREPARED_BASE = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("y", pa.int64(), nullable=False),
+        pa.field("a", pa.int64(), nullable=False),
+        pa.field("g", pa.int64(), nullable=False),
+    ]
+)
+
+
+def prepared_schema(dim: int) -> pa.Schema:
+    """Schema of `data/prepared/<dataset>.parquet` for vector/image datasets of `dim` features."""
+    return PREPARED_BASE.append(pa.field("x", pa.list_(pa.float32(), dim), nullable=False))
+
+
+def predictions_schema(n_classes: int) -> pa.Schema:
+    """Schema of `data/predictions/<dataset>/<model>/seed=<k>.parquet`."""
+    return PREPARED_BASE.append(pa.field("logits", pa.list_(pa.float32(), n_classes), nullable=False)).append(
+        pa.field("pred", pa.int64(), nullable=False)
+    )
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """Schema of `data/pretrained/<dataset>/embeddings.parquet`."""
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("split", pa.string(), nullable=False),
+            pa.field("z", pa.list_(pa.float32(), dim), nullable=False),
+        ]
+    )
+
+
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("loss", pa.float64(), nullable=False),
+        pa.field("acc", pa.float64(), nullable=False),
+        pa.field("worst_group_acc", pa.float64(), nullable=False),
+    ]
+)
+
+LEADERBOARD_SCHEMA = pa.schema(
+    [
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("acc", pa.float64(), nullable=False),
+        pa.field("worst_group_acc", pa.float64(), nullable=False),
+        pa.field("avg_acc_weighted", pa.float64(), nullable=False),
+        pa.field("balanced_acc", pa.float64(), nullable=False),
+        pa.field("ece", pa.float64(), nullable=False),
+        pa.field("nll", pa.float64(), nullable=False),
+        pa.field("brier", pa.float64(), nullable=False),
+    ]
+)
+
+
+# ---- paths -------------------------------------------------------------------------------
+
+
+def prepared_path(dataset: str) -> Path:
+    return DATA / "prepared" / f"{dataset}.parquet"
+
+
+def validated_path(dataset: str) -> Path:
+    return DATA / "validated" / f"{dataset}.json"
+
+
+def data_docs_dir(dataset: str) -> Path:
+    return DATA / "validated" / f"{dataset}_docs"
+
+
+def pretrained_dir(dataset: str) -> Path:
+    return DATA / "pretrained" / dataset
+
+
+def model_dir(dataset: str, model: str, seed: int) -> Path:
+    """Folder of a trained or distilled model: model.safetensors, config.json, history.parquet."""
+    return DATA / "models" / dataset / model / f"seed={seed}"
+
+
+def predictions_path(dataset: str, model: str, seed: int) -> Path:
+    return DATA / "predictions" / dataset / model / f"seed={seed}.parquet"
+
+
+def metrics_path(dataset: str, model: str, seed: int) -> Path:
+    return DATA / "metrics" / dataset / model / f"seed={seed}.json"
+
+
+def plots_dir(dataset: str, model: str, seed: int) -> Path:
+    return DATA / "plots" / dataset / model / f"seed={seed}"
+
+
+REPORTS = DATA / "reports"
+
+
+# ---- prepared data ----------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """A prepared dataset in memory: columns as numpy arrays plus the file metadata."""
+
+    id: np.ndarray
+    split: np.ndarray  # object array of split names
+    y: np.ndarray
+    a: np.ndarray
+    g: np.ndarray
+    x: np.ndarray  # float32, (n, dim)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.meta["n_classes"])
+
+    @property
+    def n_attrs(self) -> int:
+        return int(self.meta["n_attrs"])
+
+    @property
+    def n_groups(self) -> int:
+        return self.n_classes * self.n_attrs
+
+    @property
+    def shape(self) -> list[int]:
+        return [int(s) for s in self.meta["shape"]]
+
+    def mask(self, split: str) -> np.ndarray:
+        return self.split == split
+
+    def subset(self, split: str) -> Prepared:
+        """The rows of one split, in file order."""
+        m = self.mask(split)
+        return Prepared(self.id[m], self.split[m], self.y[m], self.a[m], self.g[m], self.x[m], self.meta)
+
+
+REQUIRED_META = ("dataset", "n_classes", "n_attrs", "shape")
+
+
+def read_prepared(path: str | Path) -> Prepared:
+    """Read a prepared Parquet, checking the contract's columns, types and metadata."""
+    path = Path(path)
+    meta = read_metadata(path)
+    for key in REQUIRED_META:
+        if key not in meta:
+            raise ArtifactError(f"{path}: file metadata lacks '{key}' (was it written by stages.prepare?)")
+    dim = int(np.prod(meta["shape"]))
+    table = read_parquet(path, prepared_schema(dim))
+    for name in PREPARED_BASE.names:
+        if table.column(name).null_count:
+            raise ArtifactError(f"{path}: column '{name}' has {table.column(name).null_count} null values")
+    x = fixed_list_to_numpy(table.column("x"))
+    return Prepared(
+        id=table.column("id").to_numpy(),
+        split=np.asarray(table.column("split").to_pylist(), dtype=object),
+        y=table.column("y").to_numpy(),
+        a=table.column("a").to_numpy(),
+        g=table.column("g").to_numpy(),
+        x=x,
+        meta=meta,
+    )

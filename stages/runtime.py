@@ -1,0 +1,37 @@
+"""Process-wide set-up shared by every stage: determinism, seeds, progress bars."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+def setup_torch(seed: int) -> "torch.Generator":  # noqa: F821 (torch imported lazily)
+    """Seed every RNG and make torch deterministic; returns a seeded torch Generator.
+
+    One intra-op thread: results then do not depend on the machine's core count, and
+    the small models here gain little from threads anyway (see README, Determinism).
+    """
+    import torch
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
+    """A progress bar on stderr (tqdm), quiet when SHIFTLAB_QUIET=1 (tests, benchmarks)."""
+    from tqdm import tqdm
+
+    quiet = os.environ.get("SHIFTLAB_QUIET") == "1"
+    yield from tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, disable=quiet, mininterval=1.0, leave=False)
