@@ -1,0 +1,1 @@
+"""Performance measurements (same-run ratios, medians of several runs); never timed tests."""

@@ -1,0 +1,158 @@
+"""`gaussian_shortcut`: a core feature, a spurious feature and pure noise, all Gaussian.
+
+With y± = 2y − 1 ∈ {−1, +1} and a± = 2a − 1:
+
+    x[0]          = y± + N(0, sigma²)                       core feature
+    x[1]          = a±·spurious_scale + N(0, spurious_noise²)  spurious feature
+    x[2:2+d_noise] ~ N(0, 1)                                  noise
+
+a agrees with y (a == y) with probability rho_train in train/val/test_id and rho_ood in
+test_ood. Because every group is a Gaussian with known mean and covariance, the population
+answer of any Gaussian classifier is closed-form (`population_groups`, `population_lda`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from stages.config import GaussianShortcutConfig
+from stages.datasets import Generated, agreement_counts, attribute_from_agreement
+
+SPLIT_SIZES = (
+    ("train", "n_train"),
+    ("val", "n_val"),
+    ("test_id", "n_test_id"),
+    ("test_ood", "n_test_ood"),
+)
+
+
+class GroupParams(NamedTuple):
+    """One group's population: label, attribute, x ~ N(mean, cov), and its probability."""
+
+    y: int
+    a: int
+    mean: np.ndarray
+    cov: np.ndarray
+    prob: float
+
+
+def dim(cfg: GaussianShortcutConfig) -> int:
+    """Length of x: core + spurious + noise dimensions."""
+    return 2 + cfg.d_noise
+
+
+def split_rho(cfg: GaussianShortcutConfig, split: str) -> float:
+    """Agreement rate of a split: rho_ood in test_ood, rho_train everywhere else."""
+    return cfg.rho_ood if split == "test_ood" else cfg.rho_train
+
+
+def group_mean(cfg: GaussianShortcutConfig, y: int, a: int) -> np.ndarray:
+    """Mean of x in group (y, a)."""
+    mean = np.zeros(dim(cfg))
+    mean[0] = 2 * y - 1
+    mean[1] = (2 * a - 1) * cfg.spurious_scale
+    return mean
+
+
+def group_std(cfg: GaussianShortcutConfig) -> np.ndarray:
+    """Per-dimension std of x within any group (the same diagonal covariance for all groups)."""
+    std = np.ones(dim(cfg))
+    std[0] = cfg.sigma
+    std[1] = cfg.spurious_noise
+    return std
+
+
+def population_groups(cfg: GaussianShortcutConfig, rho: float | None = None) -> list[GroupParams]:
+    """The four groups (y, a) of the population at agreement rate `rho` (default rho_train).
+
+    P(y) = 1/2 and P(a == y | y) = rho, so P(y, a) is rho/2 for agreeing and (1−rho)/2
+    for disagreeing groups; within a group x ~ N(group_mean, diag(group_std²)).
+    """
+    rho = cfg.rho_train if rho is None else rho
+    cov = np.diag(group_std(cfg) ** 2)
+    return [
+        GroupParams(y, a, group_mean(cfg, y, a), cov.copy(), 0.5 * (rho if a == y else 1.0 - rho))
+        for y in (0, 1)
+        for a in (0, 1)
+    ]
+
+
+def population_lda(
+    cfg: GaussianShortcutConfig, rho: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Population LDA fit at agreement rate `rho` (default rho_train): (means (2, d), shared cov (d, d), priors (2,)).
+
+    Each class is a two-component mixture over a; its mean on x[1] is (2rho−1)·B·y± and the
+    spurious variance grows by 4rho(1−rho)·B². Both classes have the same covariance, so the
+    shared within-class covariance is exactly this one.
+    """
+    rho = cfg.rho_train if rho is None else rho
+    means = np.stack(
+        [group_mean(cfg, y, y) * np.r_[1.0, 2 * rho - 1, np.zeros(cfg.d_noise)] for y in (0, 1)]
+    )
+    var = group_std(cfg) ** 2
+    var[1] += 4 * rho * (1 - rho) * cfg.spurious_scale**2
+    return means, np.diag(var), np.array([0.5, 0.5])
+
+
+def sample_split(
+    cfg: GaussianShortcutConfig, n: int, rho: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(y, a, x) for one split of `n` examples, with exact stratified group counts, in random order.
+
+    Class 0 gets ceil(n/2) examples and class 1 floor(n/2); within a class the agreeing /
+    disagreeing counts come from `agreement_counts(n_class, rho)`.
+    """
+    ys, agrees = [], []
+    for y, n_class in ((0, (n + 1) // 2), (1, n // 2)):
+        n_agree, n_disagree = agreement_counts(n_class, rho)
+        ys.append(np.full(n_class, y, dtype=np.int64))
+        agrees.append(np.r_[np.ones(n_agree, dtype=bool), np.zeros(n_disagree, dtype=bool)])
+    order = rng.permutation(n)
+    y = np.concatenate(ys)[order]
+    a = attribute_from_agreement(y, np.concatenate(agrees)[order])
+    mean = np.zeros((n, dim(cfg)))
+    mean[:, 0] = 2 * y - 1
+    mean[:, 1] = (2 * a - 1) * cfg.spurious_scale
+    x = mean + rng.standard_normal((n, dim(cfg))) * group_std(cfg)
+    return y, a, x.astype(np.float32)
+
+
+def generate(cfg: GaussianShortcutConfig) -> Generated:
+    """All four splits, rows ordered by split (train, val, test_id, test_ood) then id.
+
+    Each split draws from its own stream `default_rng([seed, split_index])`, so changing
+    one split's size leaves the others unchanged. Ids run 0..N−1 in row order.
+    """
+    ys, as_, xs, splits = [], [], [], []
+    for index, (split, size_key) in enumerate(SPLIT_SIZES):
+        n = getattr(cfg, size_key)
+        y, a, x = sample_split(
+            cfg, n, split_rho(cfg, split), np.random.default_rng([cfg.seed, index])
+        )
+        ys.append(y)
+        as_.append(a)
+        xs.append(x)
+        splits.append(np.full(n, split, dtype=object))
+    y = np.concatenate(ys)
+    columns = {
+        "id": np.arange(len(y), dtype=np.int64),
+        "split": np.concatenate(splits),
+        "y": y,
+        "a": np.concatenate(as_),
+        "x": np.concatenate(xs),
+    }
+    meta = {
+        "kind": "gaussian_shortcut",
+        "n_classes": 2,
+        "n_attrs": 2,
+        "shape": [dim(cfg)],
+        "rho_train": cfg.rho_train,
+        "rho_ood": cfg.rho_ood,
+        "params": dataclasses.asdict(cfg),
+        "split_sizes": {split: getattr(cfg, key) for split, key in SPLIT_SIZES},
+    }
+    return columns, meta

@@ -1,0 +1,150 @@
+"""End to end: the real `dvc repro` / `dvc exp run` on the tiny experiment, in a temp copy of the repo.
+
+One module-scoped copy runs the whole DAG once; the tests after it mutate it in order
+(they share one xdist group so they run in this order in one worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from stages import artifacts
+from stages.io import read_json, read_parquet
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc")]
+
+DATASETS = ["gaussian_shortcut", "colored_digits"]
+MODELS = ["erm", "lda", "groupdro", "lda_student"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", GIT_AUTHOR_NAME="t",
+               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return env
+
+
+def sh(*cmd: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), text=True, capture_output=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def lock_hashes(repo: Path) -> dict[str, str]:
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    return {o["path"]: o.get("md5") for st in lock["stages"].values() for o in st.get("outs", [])}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml."""
+    dest = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
+                           capture_output=True, check=True).stdout.split()
+    for rel in files:
+        if rel == "dvc.lock" or rel.startswith(("data/", "tests/")) or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    sh("git", "init", "-q", cwd=dest)
+    sh(sys.executable, "-m", "stages.config", "compose", "experiment=tiny", cwd=dest)
+    sh("git", "add", "-A", cwd=dest)
+    sh("git", "commit", "-qm", "init", cwd=dest)
+    proc = sh("dvc", "repro", cwd=dest)
+    dest.joinpath("first_repro.log").write_text(proc.stdout + proc.stderr)
+    return dest
+
+
+def test_repro_runs_every_stage_and_writes_the_contract(repo):
+    ran = ran_stages((repo / "first_repro.log").read_text())
+    for ds in DATASETS:
+        for stage in ("prepare", "validate", "pretrain"):
+            assert f"{stage}@{ds}" in ran
+        for m in ("erm", "lda", "groupdro"):
+            assert f"train@{ds}-{m}-0" in ran
+        assert f"distill@{ds}-lda-0" in ran
+        for m in MODELS:
+            assert f"evaluate@{ds}-{m}-0" in ran
+    assert "report" in ran
+
+    for ds in DATASETS:
+        prepared = artifacts.read_prepared(repo / artifacts.prepared_path(ds))
+        assert set(prepared.split) == set(artifacts.SPLITS)
+        assert (prepared.g == prepared.y * prepared.n_attrs + prepared.a).all()
+        assert read_json(repo / artifacts.validated_path(ds))["success"] is True
+        assert (repo / artifacts.data_docs_dir(ds) / "index.html").is_file()
+        emb = pq.read_table(repo / artifacts.pretrained_dir(ds) / "embeddings.parquet")
+        assert emb.num_rows == len(prepared.id)
+        for m in MODELS:
+            mdir = repo / artifacts.model_dir(ds, m, 0)
+            assert {"model.safetensors", "config.json", "history.parquet"} <= {p.name for p in mdir.iterdir()}
+            preds = read_parquet(repo / artifacts.predictions_path(ds, m, 0), artifacts.predictions_schema(prepared.n_classes))
+            assert preds.column("id").to_pylist() == prepared.id.tolist()
+            metrics = read_json(repo / artifacts.metrics_path(ds, m, 0))
+            for split in artifacts.SPLITS:
+                s = metrics["splits"][split]
+                for key in ("acc", "worst_group_acc", "avg_acc_weighted", "balanced_acc", "ece", "nll", "brier", "groups"):
+                    assert key in s, (ds, m, split, key)
+    board = pq.read_table(repo / "data/reports/leaderboard.parquet")
+    assert board.num_rows == len(DATASETS) * len(MODELS) * len(artifacts.SPLITS)
+    report = (repo / "data/reports/report.md").read_text()
+    for ds in DATASETS:
+        assert ds in report
+
+
+def test_dvc_metrics_and_plots_show(repo):
+    shown = sh("dvc", "metrics", "show", "--json", cwd=repo).stdout
+    assert "test_ood_acc" in shown
+    sh("dvc", "plots", "show", "-o", "dvc_plots", cwd=repo)
+    assert (repo / "dvc_plots" / "index.html").stat().st_size > 0
+
+
+def test_repro_is_a_no_op_then_forced_repro_is_byte_identical(repo):
+    again = sh("dvc", "repro", cwd=repo)
+    assert not ran_stages(again.stdout), again.stdout
+    before = lock_hashes(repo)
+    sh("dvc", "repro", "--force", cwd=repo)
+    after = lock_hashes(repo)
+    changed = {p for p in before if before[p] != after.get(p)}
+    assert not changed, f"outputs differ between two forced runs: {sorted(changed)}"
+
+
+def test_exp_run_with_a_method_override_reruns_only_that_method(repo):
+    sh("git", "add", "-A", cwd=repo)
+    sh("git", "commit", "-qm", "ran", cwd=repo)
+    proc = sh("dvc", "exp", "run", "-S", "experiment=tiny", "-S", "method.erm.lr=0.01", cwd=repo)
+    ran = ran_stages(proc.stdout)
+    expected = {f"train@{ds}-erm-0" for ds in DATASETS} | {f"evaluate@{ds}-erm-0" for ds in DATASETS} | {"report"}
+    assert ran == expected, proc.stdout
+    assert yaml.safe_load((repo / "params.yaml").read_text())["method"]["erm"]["lr"] == 0.01
+
+
+def test_failed_validation_stops_downstream_and_keeps_outputs(repo):
+    encoder = repo / artifacts.pretrained_dir("gaussian_shortcut") / "encoder.safetensors"
+    before = encoder.read_bytes()
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["validate"]["min_group_count"] = 100_000
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    proc = sh("dvc", "repro", "validate@gaussian_shortcut", "pretrain@gaussian_shortcut", cwd=repo, check=False)
+    assert proc.returncode != 0
+    assert "min_group_count" in proc.stdout + proc.stderr
+    assert "pretrain@gaussian_shortcut" not in ran_stages(proc.stdout)
+    assert encoder.read_bytes() == before
+    assert json.loads((repo / artifacts.validated_path("gaussian_shortcut")).read_text())["success"] is True
