@@ -1,0 +1,431 @@
+"""evaluate: predictions/metrics/plots from logits; report: leaderboard, markdown, summary."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stages import evaluate, report
+from stages.artifacts import (
+    LEADERBOARD_SCHEMA,
+    SPLITS,
+    Prepared,
+    metrics_path,
+    plots_dir,
+    predictions_path,
+    predictions_schema,
+    prepared_path,
+    prepared_schema,
+)
+from stages.io import (
+    ArtifactError,
+    fixed_list_to_numpy,
+    numpy_to_fixed_list,
+    read_json,
+    read_metadata,
+    read_parquet,
+    write_json,
+    write_parquet,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+METRIC_KEYS = {
+    "n",
+    "acc",
+    "worst_group_acc",
+    "avg_acc_weighted",
+    "balanced_acc",
+    "ece",
+    "nll",
+    "brier",
+    "groups",
+}
+
+
+def toy_prepared(
+    n_per_split: int = 20, n_classes: int = 2, n_attrs: int = 2, seed: int = 0
+) -> Prepared:
+    rng = np.random.default_rng(seed)
+    n = n_per_split * len(SPLITS)
+    split = np.array([s for s in SPLITS for _ in range(n_per_split)], dtype=object)
+    rng.shuffle(split)  # interleaved splits: the file's row order must be kept
+    y = rng.integers(0, n_classes, n)
+    a = rng.integers(0, n_attrs, n)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    meta = {"dataset": "toy", "n_classes": n_classes, "n_attrs": n_attrs, "shape": [4]}
+    return Prepared(
+        np.arange(n, dtype=np.int64)[::-1].copy() + 100, split, y, a, y * n_attrs + a, x, meta
+    )
+
+
+def toy_logits(prepared: Prepared, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (
+        2.0 * np.eye(prepared.n_classes)[prepared.y]
+        + rng.normal(size=(len(prepared.y), prepared.n_classes))
+    ).astype(np.float32)
+
+
+# ---- evaluate --------------------------------------------------------------------------------
+
+
+def test_predictions_follow_the_contract(tmp_path: Path) -> None:
+    prepared = toy_prepared()
+    logits = toy_logits(prepared)
+    table, _, _ = evaluate.evaluate_predictions(prepared, logits, ece_bins=10)
+    path = write_parquet(
+        table, tmp_path / "seed=0.parquet", predictions_schema(2), {"dataset": "toy"}
+    )
+    back = read_parquet(path, predictions_schema(2))
+    assert back.schema.names == predictions_schema(2).names
+    assert back.column("id").to_pylist() == prepared.id.tolist()  # prepared row order, all splits
+    assert back.column("split").to_pylist() == prepared.split.tolist()
+    for col in ("y", "a", "g"):
+        assert back.column(col).to_pylist() == getattr(prepared, col).tolist()
+    np.testing.assert_array_equal(fixed_list_to_numpy(back.column("logits")), logits)
+    assert back.column("pred").to_pylist() == logits.argmax(axis=1).tolist()
+
+
+def test_metrics_for_every_split() -> None:
+    prepared = toy_prepared()
+    _, metrics, plots = evaluate.evaluate_predictions(prepared, toy_logits(prepared), ece_bins=10)
+    assert set(metrics["splits"]) == set(SPLITS)
+    for split, m in metrics["splits"].items():
+        assert set(m) == METRIC_KEYS, split
+        assert m["n"] == int((prepared.split == split).sum())
+        assert set(m["groups"]) == {"0", "1", "2", "3"}
+    assert metrics["test_ood_acc"] == metrics["splits"]["test_ood"]["acc"]
+    assert metrics["test_id_worst_group_acc"] == metrics["splits"]["test_id"]["worst_group_acc"]
+    assert (metrics["dataset"], metrics["n_classes"], metrics["n_attrs"]) == ("toy", 2, 2)
+    json.dumps(metrics, allow_nan=False)
+    # Plot data: flat records, reliability only for the two test splits, non-empty bins only.
+    assert {r["split"] for r in plots["reliability"]} == {"test_id", "test_ood"}
+    assert all(
+        set(r) == {"split", "bin_lower", "bin_upper", "n", "conf", "acc"} and r["n"] > 0
+        for r in plots["reliability"]
+    )
+    assert (
+        sum(r["n"] for r in plots["reliability"] if r["split"] == "test_ood")
+        == metrics["splits"]["test_ood"]["n"]
+    )
+    assert {r["split"] for r in plots["groups"]} == set(SPLITS)
+    assert all(r["group"] == r["y"] * 2 + r["a"] for r in plots["groups"])
+
+
+def test_evaluate_rejects_bad_logits_and_missing_splits() -> None:
+    prepared = toy_prepared()
+    with pytest.raises(ArtifactError, match=r"shape \(80, 3\)"):
+        evaluate.evaluate_predictions(
+            prepared, np.zeros((80, 3)), 10, source="data/prepared/toy.parquet"
+        )
+    bad = toy_logits(prepared)
+    bad[5, 1] = np.nan
+    with pytest.raises(ArtifactError, match=f"first id {prepared.id[5]}"):
+        evaluate.evaluate_predictions(prepared, bad, 10)
+    no_ood = prepared.subset("train")
+    with pytest.raises(ArtifactError, match="split 'val' has no rows"):
+        evaluate.evaluate_predictions(no_ood, toy_logits(no_ood), 10)
+
+
+def test_model_info_and_producing_stage(tmp_path: Path) -> None:
+    assert evaluate.model_info(tmp_path) == {}
+    trained = {
+        "method": "erm",
+        "config": {"kind": "erm", "init": "scratch", "lr": 0.1},
+        "selection": "val_avg",
+        "selected_epoch": 3,
+    }
+    write_json(trained, tmp_path / "config.json")
+    assert evaluate.model_info(tmp_path) == {
+        "kind": "erm",
+        "init": "scratch",
+        "selection": "val_avg",
+        "selected_epoch": 3,
+    }
+    write_json(
+        {"config": {"kind": "lda", "shrinkage": 0.1}, "selection": None, "selected_epoch": 0},
+        tmp_path / "config.json",
+    )
+    assert evaluate.model_info(tmp_path) == {"kind": "lda", "selected_epoch": 0}
+    student = {
+        "method": "lda_student",
+        "teacher": "lda",
+        "teacher_kind": "lda",
+        "config": {"temperature": 2.0},
+        "selection": "val_avg",
+    }
+    write_json(student, tmp_path / "config.json")
+    assert evaluate.model_info(tmp_path) == {
+        "kind": "distill",
+        "selection": "val_avg",
+        "teacher": "lda",
+        "teacher_kind": "lda",
+    }
+    assert evaluate.producing_stage("toy", "erm", 1) == "train@toy-erm-1"
+    assert evaluate.producing_stage("toy", "lda_student", 0) == "distill@toy-lda-0"
+
+
+def _write_prepared(prepared: Prepared, path: Path) -> None:
+    table = pa.table(
+        {
+            "id": prepared.id,
+            "split": prepared.split.tolist(),
+            "y": prepared.y,
+            "a": prepared.a,
+            "g": prepared.g,
+            "x": numpy_to_fixed_list(prepared.x),
+        }
+    )
+    write_parquet(table, path, prepared_schema(4), prepared.meta)
+
+
+def test_evaluate_run_with_a_stand_in_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() wiring, with a fake `stages.models` so this test does not depend on the real one."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", "params.yaml")
+    prepared = toy_prepared()
+    _write_prepared(prepared, prepared_path("toy"))
+    mdir = Path("data/models/toy/erm/seed=0")
+    write_json({"config": {"kind": "erm", "lr": 0.1}, "selection": "val_avg"}, mdir / "config.json")
+    fixed = toy_logits(prepared)
+
+    class StandIn:
+        n_classes = 2
+
+        def logits(self, x: np.ndarray, batch_size: int = 1) -> np.ndarray:
+            assert batch_size == 7  # the override below reaches the model
+            return fixed
+
+    fake = types.ModuleType("stages.models")
+    fake.load_model = lambda path: StandIn()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "stages.models", fake)
+    monkeypatch.setattr("stages.runtime.setup_torch", lambda seed: None)  # no torch import needed
+
+    assert evaluate.main(["toy", "erm", "0", "evaluate.batch_size=7", "evaluate.ece_bins=5"]) == 0
+    metrics = read_json(metrics_path("toy", "erm", 0))
+    assert (metrics["dataset"], metrics["model"], metrics["seed"], metrics["ece_bins"]) == (
+        "toy",
+        "erm",
+        0,
+        5,
+    )
+    assert metrics["model_config"] == {"kind": "erm", "selection": "val_avg"}
+    assert read_metadata(predictions_path("toy", "erm", 0)) == {
+        "dataset": "toy",
+        "model": "erm",
+        "seed": 0,
+        "n_classes": 2,
+        "n_attrs": 2,
+    }
+    assert isinstance(read_json(plots_dir("toy", "erm", 0) / "reliability.json"), list)
+    assert isinstance(read_json(plots_dir("toy", "erm", 0) / "groups.json"), list)
+    first = (
+        metrics_path("toy", "erm", 0).read_bytes(),
+        predictions_path("toy", "erm", 0).read_bytes(),
+    )
+    assert evaluate.main(["toy", "erm", "0", "evaluate.batch_size=7", "evaluate.ece_bins=5"]) == 0
+    assert (
+        metrics_path("toy", "erm", 0).read_bytes(),
+        predictions_path("toy", "erm", 0).read_bytes(),
+    ) == first
+
+    assert evaluate.main(["toy", "groupdro", "0"]) == 2  # no model folder
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+# (test_id acc, test_ood acc, test_ood worst-group acc) per dataset, model, seed
+ACCS = {
+    ("gauss", "erm"): [(0.95, 0.60, 0.30), (0.93, 0.50, 0.20)],
+    ("gauss", "lda"): [(0.90, 0.85, 0.80), (0.90, 0.85, 0.80)],
+    ("digits", "erm"): [(0.99, 0.70, 0.50), (0.97, 0.72, 0.52)],
+    ("digits", "lda"): [(0.88, 0.80, 0.70), (0.86, 0.84, 0.74)],
+}
+KINDS = {"erm": {"kind": "erm", "selection": "val_avg"}, "lda": {"kind": "lda"}}
+
+
+def fake_metrics(dataset: str, model: str, seed: int) -> dict:
+    id_acc, ood_acc, wga = ACCS[(dataset, model)][seed]
+
+    def split(acc: float, worst: float) -> dict:
+        return {
+            "n": 100,
+            "acc": acc,
+            "worst_group_acc": worst,
+            "avg_acc_weighted": acc,
+            "balanced_acc": acc,
+            "ece": 0.05,
+            "nll": 0.3,
+            "brier": 0.2,
+            "groups": {"0": {"n": 100, "acc": acc}},
+        }
+
+    splits = {
+        "train": split(1.0, 1.0),
+        "val": split(id_acc, id_acc),
+        "test_id": split(id_acc, id_acc),
+        "test_ood": split(ood_acc, wga),
+    }
+    return {
+        "dataset": dataset,
+        "model": model,
+        "seed": seed,
+        "n_classes": 2,
+        "n_attrs": 2,
+        "ece_bins": 15,
+        "model_config": KINDS[model],
+        "splits": splits,
+        "test_id_acc": id_acc,
+        "test_ood_acc": ood_acc,
+        "test_id_worst_group_acc": id_acc,
+        "test_ood_worst_group_acc": wga,
+    }
+
+
+RUNS = [(d, m, s) for d in ("gauss", "digits") for m in ("erm", "lda") for s in (0, 1)]
+
+
+def test_build_report() -> None:
+    table, markdown, summary, plots = report.build_report([fake_metrics(*r) for r in RUNS])
+
+    assert table.schema == LEADERBOARD_SCHEMA
+    assert table.num_rows == len(RUNS) * len(SPLITS)
+    keys = list(
+        zip(
+            *(table.column(c).to_pylist() for c in ("dataset", "model", "seed", "split")),
+            strict=True,
+        )
+    )
+    assert keys == sorted(keys, key=lambda k: (k[0], k[1], k[2], SPLITS.index(k[3])))
+    assert keys[0] == ("digits", "erm", 0, "train")
+
+    assert "## gauss" in markdown and "## digits" in markdown
+    assert markdown.index("## gauss") < markdown.index("## digits")  # run order, not alphabetical
+    rows = [
+        line
+        for line in markdown.splitlines()
+        if line.startswith("| erm") or line.startswith("| lda")
+    ]
+    assert len(rows) == 4
+    erm_gauss = rows[0].split(" | ")
+    assert erm_gauss[1:3] == ["discriminative", "val_avg"]
+    assert erm_gauss[3] == "0.940 ± 0.014"  # mean and sample sd of .95, .93
+    assert rows[1].split(" | ")[1:3] == ["generative", "—"]
+    assert rows[1].split(" | ")[4] == "0.850 ± 0.000"
+    assert (
+        "**Takeaway:** best OOD worst-group accuracy: **lda** (0.800); largest ID→OOD drop: **erm**"
+        in markdown
+    )
+
+    assert summary["gauss"]["erm"] == pytest.approx(
+        {"test_id_acc": 0.94, "test_ood_acc": 0.55, "test_ood_worst_group_acc": 0.25}
+    )
+    assert len(plots["id_vs_ood"]) == len(RUNS)
+    assert set(plots["id_vs_ood"][0]) == {"dataset", "model", "seed", "id_acc", "ood_acc"}
+    assert plots["worst_group"][0] == {
+        "dataset": "gauss",
+        "model": "erm",
+        "worst_group_acc": pytest.approx(0.25),
+    }
+
+    # A single seed shows no ± and the leaderboard does not depend on input order.
+    single = report.build_report([fake_metrics("gauss", "erm", 0)])[1]
+    assert (
+        "| erm | discriminative | val_avg | 0.950 | 0.600 |" in single
+        and "±" not in single.split("## gauss")[1]
+    )
+    shuffled = report.build_report([fake_metrics(*r) for r in reversed(RUNS)])[0]
+    assert shuffled.equals(table)
+
+
+def test_report_names_model_types() -> None:
+    assert report.model_type({"kind": "lda"}) == "generative"
+    assert report.model_type({"kind": "diffusion"}) == "generative"
+    assert (
+        report.model_type({"kind": "groupdro", "selection": "val_worst_group"}) == "discriminative"
+    )
+    assert (
+        report.model_type({"kind": "distill", "teacher": "lda"})
+        == "discriminative (student of lda)"
+    )
+    assert report.model_type({}) == "?"
+
+
+def _run_params(tmp_path: Path) -> Path:
+    text = (REPO / "params.yaml").read_text()
+    params = tmp_path / "params.yaml"
+    params.write_text(text)
+    return params
+
+
+def _report_args(params: Path) -> list[str]:
+    return [
+        "--params",
+        str(params),
+        "run.datasets=[gauss,digits]",
+        "run.methods=[erm,lda]",
+        "run.teachers=[]",
+        "run.models=[erm,lda]",
+        "run.seeds=[0,1]",
+    ]
+
+
+def test_report_run_writes_deterministic_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    for r in RUNS:
+        write_json(fake_metrics(*r), metrics_path(*r))
+    assert report.main(_report_args(params)) == 0
+    out = Path("data/reports")
+    files = [
+        "leaderboard.parquet",
+        "report.md",
+        "summary.json",
+        "plots/id_vs_ood.json",
+        "plots/worst_group.json",
+    ]
+    first = {f: (out / f).read_bytes() for f in files}
+    assert read_parquet(out / "leaderboard.parquet", LEADERBOARD_SCHEMA).num_rows == 32
+    assert report.main(_report_args(params)) == 0
+    assert {f: (out / f).read_bytes() for f in files} == first
+
+
+def test_report_missing_metrics_exits_2_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    for r in RUNS:
+        if r != ("digits", "lda", 1):
+            write_json(fake_metrics(*r), metrics_path(*r))
+    assert report.main(_report_args(params)) == 2
+    err = capsys.readouterr().err
+    assert "data/metrics/digits/lda/seed=1.json" in err
+    assert "dvc repro evaluate@digits-lda-1" in err
+    assert not Path("data/reports/report.md").exists()
+
+
+def test_report_rejects_a_malformed_metrics_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    for r in RUNS:
+        m = fake_metrics(*r)
+        if r == ("gauss", "lda", 0):
+            del m["splits"]["test_ood"]["ece"]
+        write_json(m, metrics_path(*r))
+    assert report.main(_report_args(params)) == 2
+    err = capsys.readouterr().err
+    assert "data/metrics/gauss/lda/seed=0.json" in err and "splits.test_ood.ece" in err

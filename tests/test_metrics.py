@@ -1,0 +1,243 @@
+"""Each metric on inputs small enough to check by hand, edge cases, and recomputation from files."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stages.artifacts import SPLITS, Prepared, predictions_schema
+from stages.evaluate import evaluate_predictions
+from stages.io import (
+    fixed_list_to_numpy,
+    read_json,
+    read_metadata,
+    read_parquet,
+    write_json,
+    write_parquet,
+)
+from stages.metrics import log_softmax, softmax, split_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+LN3 = math.log(3.0)
+
+# Five examples, 2 classes × 2 attributes = 4 groups (group 2 absent).
+#  i  y  a  g  logits      p(0), p(1)   pred  correct  conf
+#  0  0  0  0  [ln3, 0]    .75   .25    0     yes      .75
+#  1  0  0  0  [0, ln3]    .25   .75    1     no       .75
+#  2  0  1  1  [0, 0]      .50   .50    0     yes      .50   (tie -> lowest index)
+#  3  1  1  3  [0, ln3]    .25   .75    1     yes      .75
+#  4  1  1  3  [ln3, 0]    .75   .25    0     no       .75
+LOGITS = np.array([[LN3, 0], [0, LN3], [0, 0], [0, LN3], [LN3, 0]])
+Y = np.array([0, 0, 0, 1, 1])
+G = np.array([0, 0, 1, 3, 3])
+TRAIN_PROPS = np.array([0.4, 0.1, 0.1, 0.4])
+
+
+@pytest.fixture
+def hand() -> dict:
+    return split_metrics(LOGITS, Y, G, 4, TRAIN_PROPS, ece_bins=10)
+
+
+def test_accuracy_and_groups_by_hand(hand: dict) -> None:
+    assert hand["n"] == 5
+    assert hand["acc"] == pytest.approx(3 / 5)  # examples 0, 2, 3
+    # g0: 1 of 2, g1: 1 of 1, g2: absent, g3: 1 of 2
+    assert hand["groups"] == {
+        "0": {"n": 2, "acc": 0.5},
+        "1": {"n": 1, "acc": 1.0},
+        "2": {"n": 0, "acc": None},
+        "3": {"n": 2, "acc": 0.5},
+    }
+    assert hand["worst_group_acc"] == pytest.approx(
+        0.5
+    )  # min over present groups, not the absent one
+
+
+def test_weighted_average_drops_absent_groups_and_renormalises(hand: dict) -> None:
+    # present groups 0, 1, 3 with weights .4, .1, .4 (sum .9): (.4*.5 + .1*1 + .4*.5) / .9 = 5/9
+    assert hand["avg_acc_weighted"] == pytest.approx(5 / 9)
+
+
+def test_balanced_accuracy_by_hand(hand: dict) -> None:
+    # recall(class 0) = 2/3 (examples 0, 2 of 0, 1, 2); recall(class 1) = 1/2
+    assert hand["balanced_acc"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+
+
+def test_ece_by_hand(hand: dict) -> None:
+    # 10 bins: conf .5 -> bin 5 (n=1, acc 1, |1-.5| = .5); conf .75 -> bin 7 (n=4, acc .5, |.5-.75| = .25)
+    # ECE = 1/5 * .5 + 4/5 * .25 = .3
+    assert hand["ece"] == pytest.approx(0.3)
+    bins = {b["bin_lower"]: b for b in hand["reliability"] if b["n"]}
+    assert sorted(bins) == [0.5, 0.7]
+    assert bins[0.7]["conf"] == pytest.approx(0.75) and bins[0.7]["acc"] == pytest.approx(0.5)
+    assert len(hand["reliability"]) == 10
+    assert all(b["conf"] is None and b["acc"] is None for b in hand["reliability"] if not b["n"])
+    # 2 bins: [0, .5) and [.5, 1]; everything in bin 1: conf 3.5/5 = .7, acc .6 -> ECE .1
+    assert split_metrics(LOGITS, Y, G, 4, TRAIN_PROPS, ece_bins=2)["ece"] == pytest.approx(0.1)
+
+
+def test_nll_and_brier_by_hand(hand: dict) -> None:
+    # -log p_y: ln(4/3), ln 4, ln 2, ln(4/3), ln 4
+    assert hand["nll"] == pytest.approx((2 * math.log(4 / 3) + 2 * math.log(4) + math.log(2)) / 5)
+    # per example Σ_k (p_k - 1[y=k])²: .125, 1.125, .5, .125, 1.125 -> sum 3, mean .6
+    assert hand["brier"] == pytest.approx(0.6)
+
+
+def test_confidence_one_lands_in_the_last_bin() -> None:
+    m = split_metrics(
+        np.array([[100.0, 0.0]]), np.array([0]), np.array([0]), 1, np.ones(1), ece_bins=4
+    )
+    assert m["reliability"][-1]["n"] == 1 and m["reliability"][-1]["bin_upper"] == 1.0
+
+
+def test_perfect_predictions() -> None:
+    y = np.array([0, 1, 2, 1, 0, 2])
+    logits = 30.0 * np.eye(3)[y]
+    m = split_metrics(logits, y, y, 3, np.full(3, 1 / 3), ece_bins=15)
+    assert m["acc"] == m["worst_group_acc"] == m["balanced_acc"] == m["avg_acc_weighted"] == 1.0
+    assert m["ece"] == pytest.approx(0.0, abs=1e-9)
+    assert m["brier"] == pytest.approx(0.0, abs=1e-9)
+    assert m["nll"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_huge_logits_stay_finite() -> None:
+    logits = np.array([[1e4, -1e4], [-1e4, 1e4], [1e4, 1e4]], dtype=np.float32)
+    y = np.array([1, 1, 0])
+    m = split_metrics(logits, y, y, 2, np.array([0.5, 0.5]), ece_bins=15)
+    numbers = [
+        m[k]
+        for k in (
+            "acc",
+            "worst_group_acc",
+            "avg_acc_weighted",
+            "balanced_acc",
+            "ece",
+            "nll",
+            "brier",
+        )
+    ]
+    assert all(math.isfinite(v) for v in numbers)
+    # example 0 is confidently wrong: -log p_y = 2e4; examples 1 and 2 contribute 0 and ln 2
+    assert m["nll"] == pytest.approx((2e4 + math.log(2)) / 3)
+    assert m["brier"] == pytest.approx((2.0 + 0.0 + 0.5) / 3)
+    assert np.isfinite(softmax(logits)).all() and np.isfinite(log_softmax(logits)).all()
+    assert softmax(logits).sum(axis=1) == pytest.approx(np.ones(3))
+
+
+def test_absent_train_groups_give_null_weighted_average() -> None:
+    m = split_metrics(
+        np.zeros((2, 2)), np.array([0, 1]), np.array([1, 3]), 4, np.array([0.5, 0, 0.5, 0]), 5
+    )
+    assert m["avg_acc_weighted"] is None
+    json.dumps(m, allow_nan=False)  # strict JSON, as write_json writes it: None, never NaN
+
+
+@pytest.mark.parametrize(
+    ("logits", "y", "g", "match"),
+    [
+        (np.zeros((0, 2)), np.zeros(0, int), np.zeros(0, int), "empty"),
+        (np.zeros((2, 2)), np.array([0, 2]), np.array([0, 1]), "labels"),
+        (np.zeros((2, 2)), np.array([0, 1]), np.array([0, 4]), "groups"),
+        (np.array([[0.0, np.nan], [0, 0]]), np.array([0, 1]), np.array([0, 1]), "non-finite"),
+    ],
+)
+def test_bad_inputs_are_rejected(
+    logits: np.ndarray, y: np.ndarray, g: np.ndarray, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        split_metrics(logits, y, g, 4, np.full(4, 0.25), ece_bins=5)
+
+
+def _prepared(rng: np.random.Generator, n_classes: int, n_attrs: int, per_split: int) -> Prepared:
+    n = per_split * len(SPLITS)
+    y = rng.integers(0, n_classes, n)
+    a = rng.integers(0, n_attrs, n)
+    split = np.array([s for s in SPLITS for _ in range(per_split)], dtype=object)
+    rng.shuffle(split)
+    meta = {"dataset": "toy", "n_classes": n_classes, "n_attrs": n_attrs, "shape": [3]}
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return Prepared(np.arange(n) * 7 + 1, split, y, a, y * n_attrs + a, x, meta)
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**31),
+    n_classes=st.integers(2, 4),
+    n_attrs=st.integers(1, 3),
+    per_split=st.integers(1, 30),
+    scale=st.sampled_from([0.1, 3.0, 1e4]),
+    ece_bins=st.integers(1, 20),
+)
+def test_metrics_recompute_from_written_predictions(
+    tmp_path_factory: pytest.TempPathFactory,
+    seed: int,
+    n_classes: int,
+    n_attrs: int,
+    per_split: int,
+    scale: float,
+    ece_bins: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    prepared = _prepared(rng, n_classes, n_attrs, per_split)
+    logits = rng.normal(scale=scale, size=(len(prepared.id), n_classes))
+    logits[rng.random(len(logits)) < 0.2] = 0.0  # exact ties
+    table, metrics, _ = evaluate_predictions(prepared, logits, ece_bins)
+
+    folder = tmp_path_factory.mktemp("recompute")
+    write_parquet(
+        table,
+        folder / "p.parquet",
+        predictions_schema(n_classes),
+        {"n_classes": n_classes, "n_attrs": n_attrs},
+    )
+    write_json(metrics, folder / "m.json")
+
+    stored = read_json(folder / "m.json")
+    meta = read_metadata(folder / "p.parquet")
+    t = read_parquet(folder / "p.parquet", predictions_schema(meta["n_classes"]))
+    split = np.asarray(t.column("split").to_pylist())
+    z = fixed_list_to_numpy(t.column("logits"))
+    y, g = t.column("y").to_numpy(), t.column("g").to_numpy()
+    n_groups = meta["n_classes"] * meta["n_attrs"]
+    props = np.bincount(g[split == "train"], minlength=n_groups) / (split == "train").sum()
+    assert (t.column("pred").to_numpy() == z.argmax(axis=1)).all()
+    for s in SPLITS:
+        m = split == s
+        again = split_metrics(z[m], y[m], g[m], n_groups, props, ece_bins)
+        again.pop("reliability")
+        assert again == stored["splits"][s], s
+
+
+def test_docs_recomputation_snippet_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The polars snippet in docs/metrics.md reproduces split_metrics on a predictions file."""
+    code = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "metrics.md").read_text(), re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    prepared = _prepared(np.random.default_rng(3), n_classes=2, n_attrs=2, per_split=40)
+    logits = np.random.default_rng(4).normal(scale=2.0, size=(len(prepared.id), 2))
+    table, metrics, _ = evaluate_predictions(prepared, logits, ece_bins=15)
+    write_parquet(
+        table, "data/predictions/gaussian_shortcut/erm/seed=0.parquet", predictions_schema(2)
+    )
+    ns: dict = {}
+    exec(code, ns)
+    for key in (
+        "acc",
+        "worst_group_acc",
+        "avg_acc_weighted",
+        "balanced_acc",
+        "ece",
+        "nll",
+        "brier",
+    ):
+        assert float(ns[key]) == pytest.approx(metrics["splits"]["test_ood"][key], abs=1e-12), key
