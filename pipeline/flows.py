@@ -38,8 +38,8 @@ def stage_graph(root: Path) -> tuple[list[str], dict[str, set[str]]]:
 
     with Repo(str(root)) as repo:
         graph = repo.index.graph
-        order = [s.addressing for s in reversed(list(nx.topological_sort(graph)))]
-        upstream = {s.addressing: {d.addressing for d in graph.successors(s)} for s in graph.nodes}
+        order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
+        upstream = {s.name: {d.name for d in graph.successors(s)} for s in graph.nodes}
     return order, upstream
 
 
