@@ -138,10 +138,10 @@ def fixed_list_to_numpy(column: pa.ChunkedArray | pa.Array, dtype: Any = np.floa
     return flat.reshape(len(arr), width)
 
 
-def numpy_to_fixed_list(x: np.ndarray, value_type: pa.DataType = pa.float32()) -> pa.FixedSizeListArray:
-    """A 2-D array as a fixed-size-list column."""
+def numpy_to_fixed_list(x: np.ndarray, value_type: pa.DataType | None = None) -> pa.FixedSizeListArray:
+    """A 2-D array as a fixed-size-list column (float32 values unless `value_type` says otherwise)."""
     x = np.ascontiguousarray(x)
-    flat = pa.array(x.reshape(-1), type=value_type)
+    flat = pa.array(x.reshape(-1), type=value_type or pa.float32())
     return pa.FixedSizeListArray.from_arrays(flat, x.shape[1])
 
 

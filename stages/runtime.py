@@ -6,14 +6,17 @@ import os
 import random
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
 
-def setup_torch(seed: int) -> "torch.Generator":  # noqa: F821 (torch imported lazily)
+def setup_torch(seed: int) -> torch.Generator:
     """Seed every RNG and make torch deterministic; returns a seeded torch Generator.
 
     One intra-op thread: results then do not depend on the machine's core count, and
