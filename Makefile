@@ -31,8 +31,9 @@ $(STAMP): requirements.lock
 	$(VENV)/bin/dvc config core.check_update false
 	$(VENV)/bin/dvc config hydra.enabled true
 
+# On failure, put the last good outputs back from DVC's cache (DVC removed them before running).
 repro: setup check
-	$(VENV)/bin/dvc repro
+	$(VENV)/bin/dvc repro || { $(VENV)/bin/dvc checkout --quiet; exit 1; }
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q

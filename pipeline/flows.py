@@ -5,7 +5,8 @@
 Each task runs `dvc repro --single-item <stage>`, so `dvc.lock` stays the record and DVC is
 the only cache (tasks use NO_CACHE). DVC locks one workspace, so stages run one at a time.
 A failed stage fails its task with DVC's output in the task log; every stage downstream of it
-is skipped and the flow run ends Failed. Afterwards the flow publishes the leaderboard and
+is skipped, `dvc checkout` restores the last good outputs from DVC's cache, and the flow run
+ends Failed. Afterwards the flow publishes the leaderboard and
 report as Prefect artifacts.
 """
 
@@ -118,6 +119,8 @@ def pipeline(targets: list[str] | None = None, force: bool = False, root: str = 
             states[stage] = "failed"
     failed = sorted(s for s, st in states.items() if st == "failed")
     if failed:
+        # DVC removed the failed stages' outputs before running them: put the last good ones back.
+        subprocess.run([_dvc(), "checkout", "--quiet"], cwd=root, env=_env(), check=False)
         raise StageFailed(f"{len(failed)} stage(s) failed: {', '.join(failed)}")
     publish(root)
     return states

@@ -147,4 +147,6 @@ def test_failed_validation_stops_downstream_and_keeps_outputs(repo):
     assert "min_group_count" in proc.stdout + proc.stderr
     assert "pretrain@gaussian_shortcut" not in ran_stages(proc.stdout)
     assert encoder.read_bytes() == before
+    # DVC removed validate's outputs before running it; checkout restores the last good ones.
+    sh("dvc", "checkout", cwd=repo)
     assert json.loads((repo / artifacts.validated_path("gaussian_shortcut")).read_text())["success"] is True

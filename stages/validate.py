@@ -1,0 +1,551 @@
+"""Validate a prepared dataset with a Great Expectations suite built from the file's own metadata.
+
+    python -m stages.validate <dataset> [key=value ...]
+
+Reads `data/prepared/<dataset>.parquet` and the `validate` params; the suite's bounds come
+from the file metadata (`n_classes`, `n_attrs`, `shape`, `rho_train`, `rho_ood`) and the
+thresholds in `validate`. When every expectation passes it writes
+`data/validated/<dataset>.json` (one record per expectation, deterministic bytes) and the
+Data Docs site `data/validated/<dataset>_docs/index.html`. When any fails it leaves those
+two outputs as they were, writes `data/validated/<dataset>.failed.json`, names each failing
+expectation on stderr and exits 2, so nothing downstream runs.
+
+GX checks pandas columns, and `x` is a fixed-size list, so the suite runs on two frames:
+
+rows         the file's columns plus derived per-row columns:
+             x_len       number of features in the row (must be prod(shape))
+             x_finite    every feature is finite (no NaN/inf)
+             g_expected  y * n_attrs + a (must equal g)
+             agrees      a == y (the spurious attribute agrees with the label)
+split_stats  one row of per-split aggregates GX has no row-level expression for:
+             min_count_<split>    smallest group count in that split (0 if a group is absent)
+             agree_rate_<split>   mean of `agrees` over the split (null if the split is empty)
+             ood_shift            |agree_rate_test_ood - agree_rate_train|
+
+`ood_shifted` requires ood_shift >= min_shift when the metadata's own shift
+|rho_ood - rho_train| is at least min_shift; a dataset configured with a smaller shift
+(a control, say) must still show that configured shift less rho_tolerance, so the
+expectation is always present but never demands more shift than the generator was asked for.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stages.artifacts import SPLITS, data_docs_dir, prepared_path, validated_path
+from stages.config import ValidateConfig, describe, section, stage_main
+from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet, write_json
+
+CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
+INT_COLUMNS = ("id", "y", "a", "g")
+GROUP_COUNT_SPLITS = ("val", "test_id", "test_ood")
+REQUIRED_META = ("n_classes", "n_attrs", "shape", "rho_train", "rho_ood")
+# A fixed run identity keeps GX from stamping the current time into the Data Docs paths.
+RUN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+MAX_EXAMPLES = 10
+
+
+class ValidationFailed(ArtifactError):
+    """At least one expectation failed; the message names each one."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation of the suite: a stable name, the frame it runs on, a GX class and its kwargs."""
+
+    name: str
+    frame: str  # "rows" or "split_stats"
+    expectation: str  # class name in great_expectations.expectations
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    why: str = ""  # one line for readers of the JSON and Data Docs
+
+    @property
+    def description(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{self.name}: {self.why} [{self.expectation}({args})]"
+
+
+# ---- pure part: frames and suite from data + metadata ------------------------------------------
+
+
+def meta_params(meta: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
+    """The metadata the suite depends on, checked for presence and type; errors name the key."""
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ArtifactError(
+            f"{path}: file metadata lacks {missing} (was it written by stages.prepare?)"
+        )
+    try:
+        out = {
+            "n_classes": int(meta["n_classes"]),
+            "n_attrs": int(meta["n_attrs"]),
+            "shape": [int(s) for s in meta["shape"]],
+            "rho_train": float(meta["rho_train"]),
+            "rho_ood": float(meta["rho_ood"]),
+        }
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: file metadata has a malformed value ({e})") from e
+    if out["n_classes"] < 1 or out["n_attrs"] < 1:
+        raise ArtifactError(
+            f"{path}: metadata n_classes/n_attrs must be >= 1, got {out['n_classes']}/{out['n_attrs']}"
+        )
+    return out
+
+
+def rows_frame(table: pa.Table, n_attrs: int) -> Any:
+    """The table as a pandas frame plus the derived columns x_len, x_finite, g_expected, agrees.
+
+    A missing source column leaves its derived columns null, so the expectations on them
+    fail alongside the column-set expectation instead of crashing here.
+    """
+    import pandas as pd
+
+    df = table.drop_columns([c for c in table.column_names if c == "x"]).to_pandas()
+    n = table.num_rows
+    if "x" in table.column_names:
+        x_col = table.column("x").combine_chunks()
+        df["x"] = pd.Series(x_col.to_numpy(zero_copy_only=False), dtype=object)
+        df["x_len"], df["x_finite"] = _x_checks(x_col)
+    else:
+        df["x_len"] = pd.Series([None] * n, dtype=object)
+        df["x_finite"] = pd.Series([None] * n, dtype=object)
+    if {"y", "a"} <= set(df.columns):
+        df["g_expected"] = df["y"] * n_attrs + df["a"]
+        df["agrees"] = (df["a"] == df["y"]).astype(float)
+    else:
+        df["g_expected"] = pd.Series([None] * n, dtype=object)
+        df["agrees"] = np.full(n, np.nan)
+    return df
+
+
+def _x_checks(x: pa.Array) -> tuple[Any, Any]:
+    """Per-row feature count and all-finite flag of a list column (null rows stay null).
+
+    A column that is not a list at all gets length 0 everywhere, so `x_len` names it.
+    """
+    import pandas as pd
+
+    if not (
+        pa.types.is_list(x.type)
+        or pa.types.is_large_list(x.type)
+        or pa.types.is_fixed_size_list(x.type)
+    ):
+        return pd.Series(np.zeros(len(x), dtype=np.int64)), pd.Series(
+            [False] * len(x), dtype=object
+        )
+    if pa.types.is_fixed_size_list(x.type) and x.null_count == 0:
+        values = fixed_list_to_numpy(x, np.float64)
+        lengths = np.full(len(x), x.type.list_size, dtype=np.int64)
+        return pd.Series(lengths), pd.Series(np.isfinite(values).all(axis=1), dtype=object)
+    lengths, finite = [], []
+    for row in x.to_pylist():
+        if row is None:
+            lengths.append(None)
+            finite.append(None)
+        else:
+            arr = np.asarray([np.nan if v is None else v for v in row], dtype=np.float64)
+            lengths.append(len(row))
+            finite.append(bool(np.isfinite(arr).all()))
+    return pd.Series(lengths, dtype=object), pd.Series(finite, dtype=object)
+
+
+def split_stats_frame(rows: Any, n_groups: int) -> Any:
+    """One row of per-split aggregates: smallest group count, agreement rate, OOD shift."""
+    import pandas as pd
+
+    stats: dict[str, Any] = {}
+    have = {"split", "g", "agrees"} <= set(rows.columns)
+    for split in SPLITS:
+        part = rows[rows["split"] == split] if have else rows.iloc[0:0]
+        counts = part["g"].value_counts() if have else pd.Series(dtype=float)
+        stats[f"min_count_{split}"] = min(int(counts.get(g, 0)) for g in range(n_groups))
+        agrees = part["agrees"].dropna() if have else part
+        stats[f"agree_rate_{split}"] = float(agrees.mean()) if len(agrees) else None
+    train, ood = stats["agree_rate_train"], stats["agree_rate_test_ood"]
+    stats["ood_shift"] = abs(ood - train) if train is not None and ood is not None else None
+    return pd.DataFrame(
+        {k: pd.Series([v], dtype="float64" if v is None else None) for k, v in stats.items()}
+    )
+
+
+def required_shift(rho_train: float, rho_ood: float, cfg: ValidateConfig) -> float:
+    """Smallest |agree_rate(test_ood) - agree_rate(train)| accepted (see the module docstring)."""
+    configured = abs(rho_ood - rho_train)
+    if configured >= cfg.min_shift:
+        return cfg.min_shift
+    return round(max(0.0, configured - cfg.rho_tolerance), 12)
+
+
+def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
+    """The whole suite, in report order, from `meta_params(...)` and the thresholds."""
+    n_groups = meta["n_classes"] * meta["n_attrs"]
+    dim = int(np.prod(meta["shape"]))
+    rho = meta["rho_train"]
+    lo, hi = round(rho - cfg.rho_tolerance, 12), round(rho + cfg.rho_tolerance, 12)
+    shift = required_shift(rho, meta["rho_ood"], cfg)
+
+    def rows(name: str, cls: str, why: str, **kwargs: Any) -> Check:
+        return Check(name, "rows", cls, kwargs, why)
+
+    def stats(name: str, cls: str, why: str, **kwargs: Any) -> Check:
+        return Check(name, "split_stats", cls, kwargs, why)
+
+    checks = [
+        rows(
+            "columns",
+            "ExpectTableColumnsToMatchSet",
+            "the contract's columns are present",
+            column_set=list(CONTRACT_COLUMNS),
+            exact_match=False,
+        )
+    ]
+    checks += [
+        rows(f"type[{c}]", "ExpectColumnValuesToBeOfType", f"{c} is int64", column=c, type_="int64")
+        for c in INT_COLUMNS
+    ]
+    checks.append(
+        rows(
+            "type[split]",
+            "ExpectColumnValuesToBeOfType",
+            "split is a string",
+            column="split",
+            type_="str",
+        )
+    )
+    checks += [
+        rows(f"not_null[{c}]", "ExpectColumnValuesToNotBeNull", f"{c} has no nulls", column=c)
+        for c in CONTRACT_COLUMNS
+    ]
+    checks += [
+        rows(
+            "x_len",
+            "ExpectColumnValuesToBeInSet",
+            f"every x has prod(shape) = {dim} features",
+            column="x_len",
+            value_set=[dim],
+        ),
+        rows(
+            "x_finite",
+            "ExpectColumnValuesToBeInSet",
+            "every feature is finite, no NaN or inf",
+            column="x_finite",
+            value_set=[True],
+        ),
+        rows(
+            "domain[split]",
+            "ExpectColumnValuesToBeInSet",
+            "split is one of the four split names",
+            column="split",
+            value_set=list(SPLITS),
+        ),
+        rows(
+            "domain[y]",
+            "ExpectColumnValuesToBeInSet",
+            "y in 0..n_classes-1",
+            column="y",
+            value_set=list(range(meta["n_classes"])),
+        ),
+        rows(
+            "domain[a]",
+            "ExpectColumnValuesToBeInSet",
+            "a in 0..n_attrs-1",
+            column="a",
+            value_set=list(range(meta["n_attrs"])),
+        ),
+        rows(
+            "domain[g]",
+            "ExpectColumnValuesToBeInSet",
+            "g in 0..n_groups-1",
+            column="g",
+            value_set=list(range(n_groups)),
+        ),
+        rows(
+            "g_consistent",
+            "ExpectColumnPairValuesToBeEqual",
+            "g == y * n_attrs + a",
+            column_A="g",
+            column_B="g_expected",
+        ),
+        rows("id_unique", "ExpectColumnValuesToBeUnique", "id is unique", column="id"),
+    ]
+    checks += [
+        stats(
+            f"min_group_count[{s}]",
+            "ExpectColumnMinToBeBetween",
+            f"every group has >= {cfg.min_group_count} examples in {s}",
+            column=f"min_count_{s}",
+            min_value=cfg.min_group_count,
+        )
+        for s in GROUP_COUNT_SPLITS
+    ]
+    checks += [
+        stats(
+            "train_rho",
+            "ExpectColumnMeanToBeBetween",
+            f"train agreement rate P(a == y) is rho_train {rho} ± {cfg.rho_tolerance}",
+            column="agree_rate_train",
+            min_value=lo,
+            max_value=hi,
+        ),
+        stats(
+            "ood_shifted",
+            "ExpectColumnMinToBeBetween",
+            f"test_ood agreement rate differs from train's by >= {shift}",
+            column="ood_shift",
+            min_value=shift,
+        ),
+    ]
+    return checks
+
+
+# ---- Great Expectations --------------------------------------------------------------------------
+
+
+def run_suite(
+    frames: Mapping[str, Any], checks: Sequence[Check], dataset: str, docs_out: Path | None
+) -> list[dict[str, Any]]:
+    """Run `checks` on `frames` with GX; return one plain record per check, in `checks` order.
+
+    With `docs_out` and every expectation passing, GX's Data Docs site is copied there (a
+    fresh folder the caller swaps in); a failing run builds no docs.
+    """
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="shiftlab-gx-") as tmp:
+        context = gx.get_context(mode="file", project_root_dir=tmp)
+        context.variables.progress_bars = ProgressBarsConfig(globally=False)
+        source = context.data_sources.add_pandas("shiftlab")
+        run_id = RunIdentifier(run_name=f"validate-{dataset}", run_time=RUN_TIME)
+        for frame_name, frame in frames.items():
+            batch = source.add_dataframe_asset(frame_name).add_batch_definition_whole_dataframe(
+                "whole"
+            )
+            suite = context.suites.add(gx.ExpectationSuite(name=f"{dataset}.{frame_name}"))
+            for check in checks:
+                if check.frame == frame_name:
+                    cls = getattr(gx.expectations, check.expectation)
+                    suite.add_expectation(
+                        cls(
+                            **check.kwargs, meta={"name": check.name}, description=check.description
+                        )
+                    )
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(name=f"{dataset}.{frame_name}", data=batch, suite=suite)
+            )
+            checkpoint = context.checkpoints.add(
+                gx.Checkpoint(
+                    name=f"{dataset}.{frame_name}",
+                    validation_definitions=[definition],
+                    result_format="COMPLETE",
+                )
+            )
+            outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run_id)
+            for suite_result in outcome.run_results.values():
+                for r in suite_result.results:
+                    name = r.expectation_config.meta["name"]
+                    results[name] = _record(r)
+        if docs_out is not None and all(r["success"] for r in results.values()):
+            site = Path(context.build_data_docs()["local_site"].removeprefix("file://")).parent
+            shutil.copytree(site, docs_out)
+            scrub_docs(docs_out)
+    return [{"name": c.name, "frame": c.frame, "why": c.why, **results[c.name]} for c in checks]
+
+
+_REMOTE_LOGO = re.compile(r'"https://great-expectations-web-assets\.[^"]*/logo-long\.png[^"]*"')
+_LOAD_TIME = re.compile(r'(>ge_load_time</span>.{0,400}?word-break:break-all;" >)[^<]*', re.DOTALL)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def scrub_docs(site: Path) -> None:
+    """Make a Data Docs site byte-reproducible and offline.
+
+    GX 1.24 stamps three varying things into its pages: a remote logo URL carrying the
+    current time and a random data-context id (a request to S3 whenever a page is opened),
+    the batch's `ge_load_time`, and a fresh uuid4 in each collapsible block's HTML id.
+    The logo becomes the copy under static/images, the load time a fixed marker, and each
+    uuid a counter in order of appearance within its page.
+    """
+    logo = site / "static" / "images" / "logo-long.png"
+    for page in sorted(site.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        text = _REMOTE_LOGO.sub(f'"{os.path.relpath(logo, page.parent)}"', text)
+        text = _LOAD_TIME.sub(r"\g<1>(not recorded)", text)
+        page.write_text(_number_uuids(text), encoding="utf-8")
+
+
+def _number_uuids(text: str) -> str:
+    """Each distinct uuid in `text` as `block<k>`, k counting in order of first appearance."""
+    ids: dict[str, str] = {}
+    return _UUID.sub(lambda m: ids.setdefault(m.group(0), f"block{len(ids)}"), text)
+
+
+def _record(r: Any) -> dict[str, Any]:
+    """A GX expectation result as a plain, deterministic dict (no ids, times or versions)."""
+    kwargs = {k: v for k, v in r.expectation_config.kwargs.items() if k != "batch_id"}
+    res = r.result or {}
+    rec: dict[str, Any] = {
+        "type": r.expectation_config.type,
+        "column": kwargs.get("column"),
+        "kwargs": _plain(kwargs),
+        "success": bool(r.success),
+        "observed": _plain(res.get("observed_value")),
+    }
+    if "unexpected_count" in res:
+        rec["element_count"] = _plain(res.get("element_count"))
+        rec["unexpected_count"] = _plain(res["unexpected_count"])
+        rec["unexpected_examples"] = _plain(
+            list(res.get("partial_unexpected_list") or [])[:MAX_EXAMPLES]
+        )
+        rec["unexpected_rows"] = _plain(list(res.get("unexpected_index_list") or [])[:MAX_EXAMPLES])
+    errors = _exception_messages(r.exception_info or {})
+    if errors:
+        rec["success"] = False
+        rec["error"] = "; ".join(errors)
+    return rec
+
+
+def _exception_messages(info: Mapping[str, Any]) -> list[str]:
+    """Messages of the exceptions GX caught, whether `info` is flat or keyed by metric."""
+    if "raised_exception" in info:
+        return [str(info.get("exception_message"))] if info["raised_exception"] else []
+    nested = (_exception_messages(v) for v in info.values() if isinstance(v, Mapping))
+    return sorted({m for msgs in nested for m in msgs})
+
+
+def _plain(v: Any) -> Any:
+    """numpy/pandas values as JSON-safe Python values (non-finite floats as strings)."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple | set | np.ndarray):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    return str(v)
+
+
+def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One human line per failed expectation: name, type, column, observed vs expected."""
+    lines = []
+    for r in records:
+        if r["success"]:
+            continue
+        expected = ", ".join(
+            f"{k}={v}"
+            for k, v in r["kwargs"].items()
+            if k not in ("column", "column_A", "column_B")
+        )
+        if "error" in r:
+            observed = f"error: {r['error']}"
+        elif "unexpected_count" in r:
+            observed = f"{r['unexpected_count']} of {r['element_count']} rows unexpected, e.g. {r['unexpected_examples']} at rows {r['unexpected_rows']}"
+        else:
+            observed = f"observed {r['observed']}"
+        kw = r["kwargs"]
+        target = (
+            f"column {kw['column']}"
+            if "column" in kw
+            else f"columns {kw['column_A']}, {kw['column_B']}"
+            if "column_A" in kw
+            else "table"
+        )
+        lines.append(
+            f"{r['name']} ({r['why']}): {r['type']} ({target}): {observed}"
+            + (f"; expected {expected}" if expected else "")
+        )
+    return lines
+
+
+# ---- stage ----------------------------------------------------------------------------------------
+
+
+def validate(dataset: str, cfg: ValidateConfig) -> str:
+    """Validate the prepared file of `dataset`; write outputs on success, raise ValidationFailed otherwise."""
+    src = prepared_path(dataset)
+    table = read_parquet(src)
+    meta = meta_params(read_metadata(src), src)
+    rows = rows_frame(table, meta["n_attrs"])
+    frames = {
+        "rows": rows,
+        "split_stats": split_stats_frame(rows, meta["n_classes"] * meta["n_attrs"]),
+    }
+    checks = build_checks(meta, cfg)
+    out, docs, failed = (
+        validated_path(dataset),
+        data_docs_dir(dataset),
+        validated_path(dataset).with_suffix(".failed.json"),
+    )
+    docs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{docs.name}.", suffix=".tmp", dir=docs.parent))
+    try:
+        records = run_suite(frames, checks, dataset, staging / "site")
+        n_failed = sum(not r["success"] for r in records)
+        report = {
+            "dataset": dataset,
+            "source": src.as_posix(),
+            "success": n_failed == 0,
+            "n_expectations": len(records),
+            "n_failed": n_failed,
+            "metadata": meta,
+            "params": asdict(cfg),
+            "expectations": records,
+        }
+        if n_failed:
+            write_json(report, failed)
+            lines = "\n".join(f"  - {line}" for line in failure_summary(records))
+            raise ValidationFailed(
+                f"{src}: {n_failed}/{len(records)} expectations failed (previous outputs kept; details in {failed}):\n{lines}"
+            )
+        _swap_dir(staging / "site", docs, staging)
+        write_json(report, out)
+        failed.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return f"validated {src.as_posix()}: {len(records)}/{len(records)} expectations passed; docs in {(docs / 'index.html').as_posix()}"
+
+
+def _swap_dir(new: Path, target: Path, scratch: Path) -> None:
+    """Put folder `new` at `target`: two renames on the same filesystem, the old one deleted after."""
+    old = scratch / "old"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def run(params: Any, dataset: str) -> str:
+    return validate(dataset, section(params, "validate", ValidateConfig))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return stage_main(
+        "validate",
+        __doc__ or "",
+        ["dataset"],
+        lambda: describe(ValidateConfig, "validate"),
+        run,
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""The validate stage: a GX suite built from the prepared file's metadata guards the pipeline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stages import validate as stage
+from stages.artifacts import data_docs_dir, prepared_path, prepared_schema, validated_path
+from stages.config import ValidateConfig
+from stages.io import numpy_to_fixed_list, write_parquet
+
+DIM = 3
+PARAMS = "validate:\n  min_group_count: 3\n  rho_tolerance: 0.05\n  min_shift: 0.2\n"
+# Rows per group g = 2*y + a; groups 0 and 3 agree (a == y): agreement 0.75 in train, 0.25 in test_ood.
+COUNTS = {
+    "train": (9, 3, 3, 9),
+    "val": (9, 3, 3, 9),
+    "test_id": (9, 3, 3, 9),
+    "test_ood": (3, 9, 9, 3),
+}
+
+
+def make_columns(counts: dict[str, tuple[int, ...]] = COUNTS) -> dict[str, np.ndarray]:
+    """A valid 2-class × 2-attribute dataset as numpy columns (split as an object array)."""
+    split, g = [], []
+    for s, per_group in counts.items():
+        for group, n in enumerate(per_group):
+            split += [s] * n
+            g += [group] * n
+    g_arr = np.asarray(g, dtype=np.int64)
+    return {
+        "id": np.arange(len(g), dtype=np.int64) + 100,
+        "split": np.asarray(split, dtype=object),
+        "y": g_arr // 2,
+        "a": g_arr % 2,
+        "g": g_arr,
+        "x": np.random.default_rng(0).normal(size=(len(g), DIM)).astype(np.float32),
+    }
+
+
+def write_prepared(
+    dataset: str, cols: dict[str, np.ndarray], drop: tuple[str, ...] = (), **meta: object
+) -> Path:
+    """Write `cols` as a contract Parquet with the metadata keys stages.prepare writes."""
+    metadata = {
+        "dataset": dataset,
+        "kind": "test",
+        "n_classes": 2,
+        "n_attrs": 2,
+        "shape": [DIM],
+        "rho_train": 0.75,
+        "rho_ood": 0.25,
+        "params": {},
+        "split_sizes": {s: int((cols["split"] == s).sum()) for s in COUNTS},
+    } | meta
+    metadata = {k: v for k, v in metadata.items() if k not in drop}
+    table = pa.table(
+        {
+            "id": cols["id"],
+            "split": pa.array(cols["split"].tolist(), pa.string()),
+            "y": cols["y"],
+            "a": cols["a"],
+            "g": cols["g"],
+            "x": numpy_to_fixed_list(cols["x"]),
+        }
+    )
+    return write_parquet(table, prepared_path(dataset), prepared_schema(DIM), metadata)
+
+
+def tree_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    """One passing run, shared by the tests that inspect or must preserve its outputs."""
+    root = tmp_path_factory.mktemp("validate")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        (root / "params.yaml").write_text(PARAMS)
+        write_prepared("toy", make_columns())
+        assert stage.main(["toy"]) == 0
+    return root
+
+
+@pytest.fixture
+def workdir(validated, monkeypatch):
+    monkeypatch.chdir(validated)
+    return validated
+
+
+def outputs_hash() -> str:
+    return hashlib.sha256(validated_path("toy").read_bytes()).hexdigest() + tree_hash(
+        data_docs_dir("toy")
+    )
+
+
+def test_valid_data_passes_and_writes_json_and_docs(workdir):
+    report = json.loads(validated_path("toy").read_text())
+    assert report["success"] and report["dataset"] == "toy" and report["n_failed"] == 0
+    names = [e["name"] for e in report["expectations"]]
+    for name in (
+        "g_consistent",
+        "train_rho",
+        "ood_shifted",
+        "x_finite",
+        "id_unique",
+        "min_group_count[test_ood]",
+    ):
+        assert name in names
+    by_name = {e["name"]: e for e in report["expectations"]}
+    assert by_name["train_rho"]["observed"] == pytest.approx(0.75)
+    assert by_name["ood_shifted"]["observed"] == pytest.approx(0.5)
+    assert by_name["min_group_count[val]"]["observed"] == 3
+    assert all(e["success"] and e["type"].startswith("expect_") for e in report["expectations"])
+    index = data_docs_dir("toy") / "index.html"
+    assert index.is_file()
+    # GX's remote tracking logo (current time + random context id) is replaced by the local copy
+    assert "dataContextId" not in index.read_text()
+    assert list((data_docs_dir("toy") / "validations").rglob("*.html"))
+
+
+def test_rerun_gives_identical_json_and_docs(workdir, capsys):
+    before = outputs_hash()
+    assert stage.main(["toy"]) == 0
+    out = capsys.readouterr().out.strip()
+    n = json.loads(validated_path("toy").read_text())["n_expectations"]
+    assert out == (
+        f"validate: validated data/prepared/toy.parquet: {n}/{n} expectations passed; "
+        "docs in data/validated/toy_docs/index.html"
+    )
+    assert outputs_hash() == before
+
+
+def _nan_feature(c):
+    c["x"][5, 1] = np.nan
+
+
+def _duplicate_id(c):
+    c["id"][7] = c["id"][3]
+
+
+def _inconsistent_g(c):
+    c["g"][0] = 1  # row 0 is y=0, a=0, so g must be 0
+
+
+def _missing_ood_group(c):
+    keep = ~((c["split"] == "test_ood") & (c["g"] == 1))
+    for k in c:
+        c[k] = c[k][keep]
+
+
+def _train_rho_off(c):
+    # train becomes balanced (agreement 0.5) while the metadata still says 0.75
+    c.update(make_columns({**COUNTS, "train": (6, 6, 6, 6)}))
+
+
+def _no_shift(c):
+    c.update(make_columns({**COUNTS, "test_ood": COUNTS["train"]}))
+
+
+@pytest.mark.parametrize(
+    ("breakage", "failing", "detail"),
+    [
+        (_nan_feature, "x_finite", "column x_finite"),
+        (_missing_ood_group, "min_group_count[test_ood]", "observed 0"),
+        (_train_rho_off, "train_rho", "observed 0.5"),
+        (_duplicate_id, "id_unique", "column id"),
+        (_inconsistent_g, "g_consistent", "expect_column_pair_values_to_be_equal"),
+        (_no_shift, "ood_shifted", "observed 0.0"),
+    ],
+)
+def test_broken_data_fails_and_keeps_previous_outputs(workdir, capsys, breakage, failing, detail):
+    before = outputs_hash()
+    cols = make_columns()
+    breakage(cols)
+    write_prepared("toy", cols)
+    try:
+        assert stage.main(["toy"]) == 2
+    finally:
+        write_prepared("toy", make_columns())
+    err = capsys.readouterr().err
+    failed_lines = [line for line in err.splitlines() if line.strip().startswith("- ")]
+    assert [line.split(" (")[0].strip("- ") for line in failed_lines] == [failing], err
+    assert detail in failed_lines[0]
+    assert outputs_hash() == before
+    failed = json.loads(validated_path("toy").with_suffix(".failed.json").read_text())
+    assert not failed["success"] and failed["n_failed"] == 1
+    assert [e["name"] for e in failed["expectations"] if not e["success"]] == [failing]
+    # the next successful run clears the stale failure report
+    assert stage.main(["toy"]) == 0
+    assert not validated_path("toy").with_suffix(".failed.json").exists()
+
+
+def test_missing_metadata_key_is_a_clear_error(workdir, capsys):
+    write_prepared("nometa", make_columns(), drop=("rho_train",))
+    assert stage.main(["nometa"]) == 2
+    assert "rho_train" in capsys.readouterr().err
+    assert not validated_path("nometa").exists()
+
+
+def test_required_shift_follows_configured_shift():
+    cfg = ValidateConfig(min_group_count=3, rho_tolerance=0.05, min_shift=0.2)
+    assert stage.required_shift(0.95, 0.05, cfg) == 0.2
+    assert stage.required_shift(0.9, 0.8, cfg) == pytest.approx(0.05)  # small configured shift
+    # a no-shift control still gets the expectation, with a bound it can meet
+    assert stage.required_shift(0.9, 0.9, cfg) == 0.0
+
+
+def test_suite_bounds_come_from_metadata():
+    meta = {"n_classes": 3, "n_attrs": 4, "shape": [2, 5], "rho_train": 0.9, "rho_ood": 0.1}
+    suite = stage.build_checks(meta, ValidateConfig())
+    checks = {c.name: c for c in suite}
+    assert len(checks) == len(suite)  # names are unique identifiers
+    assert checks["domain[g]"].kwargs["value_set"] == list(range(12))
+    assert checks["x_len"].kwargs["value_set"] == [10]
+    assert (checks["train_rho"].kwargs["min_value"], checks["train_rho"].kwargs["max_value"]) == (
+        0.85,
+        0.95,
+    )
