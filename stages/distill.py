@@ -1,0 +1,107 @@
+"""Distil a trained teacher into a fast MLP student.
+
+    python -m stages.distill <dataset> <teacher> <seed> [key=value ...]
+
+Loads the teacher from data/models/<dataset>/<teacher>/seed=<seed>/ (any kind: an LDA
+teacher's log p(x, y) scores are its logits), scores the train split with it, and trains a
+student MLPClassifier (section `distill` of params.yaml) on
+
+    alpha · T² · KL(softmax(teacher / T) ‖ softmax(student / T)) + (1 − alpha) · CE(student, y)
+
+with the shared training loop and checkpoint selection. Writes the student's model folder
+data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from omegaconf import DictConfig
+
+from stages.config import DistillConfig, describe, section, stage_main, student_name
+from stages.train import parse_seed
+
+if TYPE_CHECKING:
+    from stages.artifacts import Prepared
+    from stages.models import Classifier
+    from stages.models.nets import MLPClassifier
+    from stages.models.training import FitResult
+
+
+def distill(
+    prepared: Prepared, teacher: Classifier, cfg: DistillConfig, seed: int, desc: str = "distill"
+) -> tuple[MLPClassifier, FitResult]:
+    """Train a student on `teacher`'s train-split logits; returns (student with the selected weights, FitResult)."""
+    import torch
+
+    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+    from stages.models.training import FitOptions, distillation_loss, fit_classifier, split_data
+    from stages.runtime import setup_torch
+
+    generator = setup_torch(seed)
+    splits = split_data(prepared)
+    train = splits["train"]
+    teacher_logits = teacher.logits(train.x.numpy())
+    if teacher_logits.shape != (len(train), prepared.n_classes):
+        from stages.io import ArtifactError
+
+        raise ArtifactError(f"teacher gives logits of shape {teacher_logits.shape}, expected {(len(train), prepared.n_classes)}")
+    train.extra["teacher"] = torch.from_numpy(np.ascontiguousarray(teacher_logits, dtype=np.float32))
+    in_dim = prepared.x.shape[1]
+    student = MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, Standardize(in_dim).fit(train.x))
+    loss = distillation_loss(cfg.temperature, cfg.alpha)
+    result = fit_classifier(student, splits, loss, FitOptions.from_config(cfg), generator, desc=desc)
+    student.load_state_dict(result.state_dict)
+    return student.eval(), result
+
+
+def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
+    from stages.artifacts import model_dir, prepared_path
+    from stages.io import ArtifactError
+    from stages.models import WEIGHTS, load_model, save_model
+    from stages.models.training import read_prepared_input
+
+    seed_i = parse_seed(seed)
+    cfg = section(params, "distill", DistillConfig)
+    teacher_dir = model_dir(dataset, teacher, seed_i)
+    if not (teacher_dir / WEIGHTS).is_file():
+        raise ArtifactError(
+            f"{teacher_dir / WEIGHTS}: teacher model not found; it is made by the train stage "
+            f"(`python -m stages.train {dataset} {teacher} {seed_i}` or `dvc repro train@{dataset}-{teacher}-{seed_i}`)"
+        )
+    prepared = read_prepared_input(dataset)
+    teacher_model = load_model(teacher_dir)
+    student, result = distill(prepared, teacher_model, cfg, seed_i, desc=f"distill {teacher}")
+    name = student_name(teacher)
+    out = model_dir(dataset, name, seed_i)
+    record = {
+        "dataset": dataset,
+        "method": name,
+        "seed": seed_i,
+        "teacher": teacher,
+        "teacher_kind": teacher_model.kind,
+        "config": dataclasses.asdict(cfg),
+        "architecture": student.arch(),
+        "prepared": str(prepared_path(dataset)),
+        "selection": cfg.selection,
+        "selected_epoch": result.selected_epoch,
+        "metrics": result.selected_metrics,
+    }
+    save_model(out, student, record, result.history)
+    val = result.selected_metrics["val"]
+    return (
+        f"distilled {teacher} into {name} on {dataset} seed {seed_i}: epoch {result.selected_epoch} selected by "
+        f"{cfg.selection} (val acc {val['acc']:.2f}, val worst-group {val['worst_group_acc']:.2f}) -> {Path(out)}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return stage_main("distill", __doc__, ["dataset", "teacher", "seed"], lambda: describe(DistillConfig, "distill"), run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Trained models on disk: the folder format, `save_model` and `load_model`.
+
+A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
+
+    model.safetensors  the weights; its shiftlab metadata holds `kind` and the architecture
+                       arguments to rebuild the network (standardisation is in the tensors)
+    config.json        resolved method config, dataset, seed, selection criterion,
+                       selected epoch and its metrics (and `teacher` for a student)
+    history.parquet    artifacts.HISTORY_SCHEMA, one row per epoch and split
+
+Kinds (`Classifier.kind`, the architecture, not the training method):
+
+    mlp  MLPClassifier (erm, groupdro, students): `logits` are the pre-softmax class scores
+    lda  LDAClassifier: `logits` are log p(x, y) = log N(x | μ_y, Σ) + log π_y
+
+For both, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
+(never unpickles) and rejects weights that do not fit the declared architecture.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from stages.artifacts import HISTORY_SCHEMA
+from stages.io import ArtifactError, load_weights, save_weights, write_json, write_parquet
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from stages.models.nets import DenoisingAutoencoder, MLPEncoder, Standardize
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+HISTORY = "history.parquet"
+ENCODER = "encoder.safetensors"
+EMBEDDINGS = "embeddings.parquet"
+KINDS = ("mlp", "lda")
+
+
+class Classifier(Protocol):
+    """What evaluate relies on: class scores for raw inputs."""
+
+    n_classes: int
+    kind: str
+
+    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+        """float32 (n, n_classes) class scores; softmax of them is p(y | x)."""
+        ...
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temp folder beside `path`; it replaces `path` only if the block succeeds.
+
+    The old folder is renamed away, the new one renamed in, then the old one deleted: a
+    failure anywhere before the swap leaves the previous folder untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the folder is an ordinary output
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    try:
+        yield tmp
+        if old.exists():
+            shutil.rmtree(old)
+        had_old = path.exists()
+        if had_old:
+            os.rename(path, old)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if had_old:
+                os.rename(old, path)
+            raise
+        if had_old:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_model(
+    model_dir: str | os.PathLike[str], model: Any, config: dict[str, Any], history: pa.Table | None
+) -> Path:
+    """Write model.safetensors, config.json and (if given) history.parquet as one atomic folder.
+
+    `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`).
+    """
+    model_dir = Path(model_dir)
+    with atomic_dir(model_dir) as tmp:
+        save_weights(model.state_dict(), tmp / WEIGHTS, meta=model.arch())
+        write_json(config, tmp / CONFIG)
+        if history is not None:
+            write_parquet(history, tmp / HISTORY, HISTORY_SCHEMA)
+    return model_dir
+
+
+def load_model(model_dir: str | os.PathLike[str]) -> Classifier:
+    """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds)."""
+    path = Path(model_dir) / WEIGHTS
+    tensors, meta = load_weights(path)
+    model = _build(meta, path)
+    _load_checked(model, tensors, path)
+    model.eval()
+    return model  # type: ignore[return-value]
+
+
+def _build(meta: dict[str, Any], path: Path) -> nn.Module:
+    from stages.models.lda import LDAClassifier
+    from stages.models.nets import MLPClassifier, MLPEncoder
+
+    kind = meta.get("kind")
+    if kind not in KINDS:
+        raise ArtifactError(f"{path}: unknown model kind {kind!r} (expected one of {list(KINDS)})")
+    in_dim = _positive_int(meta, "in_dim", path)
+    n_classes = _positive_int(meta, "n_classes", path)
+    if kind == "lda":
+        return LDAClassifier(in_dim, n_classes)
+    return MLPClassifier(MLPEncoder(in_dim, _widths(meta, path)), n_classes)
+
+
+def _positive_int(meta: dict[str, Any], key: str, path: Path) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ArtifactError(f"{path}: metadata '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _widths(meta: dict[str, Any], path: Path) -> list[int]:
+    hidden = meta.get("hidden")
+    if not isinstance(hidden, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
+        raise ArtifactError(f"{path}: metadata 'hidden' must be a list of positive integers, got {hidden!r}")
+    return hidden
+
+
+def _load_checked(module: nn.Module, tensors: dict[str, Any], path: Path) -> None:
+    """Load `tensors` into `module` after checking names, shapes and dtypes exactly."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ArtifactError(
+            f"{path}: weights do not match the declared architecture "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    for name, want in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            raise ArtifactError(
+                f"{path}: tensor '{name}' is {got.dtype} {tuple(got.shape)}, "
+                f"the declared architecture needs {want.dtype} {tuple(want.shape)}"
+            )
+    module.load_state_dict(tensors, strict=True)
+
+
+# ---- pretrained encoders --------------------------------------------------------------------
+
+
+def save_encoder(path: str | os.PathLike[str], dae: DenoisingAutoencoder) -> Path:
+    """Save a DAE's standardisation and encoder (not its decoder) as safetensors."""
+    state = {k: v for k, v in dae.state_dict().items() if k.startswith(("standardize.", "encoder."))}
+    meta = {"kind": "dae_encoder", "in_dim": dae.encoder.in_dim, "hidden": dae.encoder.hidden}
+    return save_weights(state, path, meta=meta)
+
+
+def load_encoder(path: str | os.PathLike[str]) -> tuple[Standardize, MLPEncoder]:
+    """The standardisation and encoder saved by `save_encoder`, architecture from its metadata."""
+    from torch import nn
+
+    from stages.models.nets import MLPEncoder, Standardize
+
+    path = Path(path)
+    tensors, meta = load_weights(path)
+    if meta.get("kind") != "dae_encoder":
+        raise ArtifactError(f"{path}: expected a 'dae_encoder', metadata says kind {meta.get('kind')!r}")
+    in_dim = _positive_int(meta, "in_dim", path)
+    hidden = _widths(meta, path)
+    holder = nn.Module()
+    holder.standardize = Standardize(in_dim)
+    holder.encoder = MLPEncoder(in_dim, hidden)
+    _load_checked(holder, tensors, path)
+    return holder.standardize, holder.encoder

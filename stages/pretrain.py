@@ -1,0 +1,120 @@
+"""Pretrain a denoising-autoencoder encoder on the train inputs only — no labels are read.
+
+    python -m stages.pretrain <dataset> [key=value ...]
+
+Reads the `id`, `split` and `x` columns of data/prepared/<dataset>.parquet (never y, a or g)
+and the `pretrain` section of params.yaml. Inputs are standardised with the train split's
+statistics, corrupted with N(0, noise_std²) noise, and the encoder + mirrored decoder learn
+to reconstruct the clean standardised input (MSE). Writes, as one atomic folder,
+data/pretrained/<dataset>/encoder.safetensors (standardisation + encoder; metadata: in_dim,
+hidden) and embeddings.parquet (id, split, z = encoder output for every split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from omegaconf import DictConfig
+
+from stages.config import PretrainConfig, describe, section, stage_main
+
+if TYPE_CHECKING:
+    import torch
+
+    from stages.models.nets import DenoisingAutoencoder
+
+
+@dataclass
+class UnlabelledInputs:
+    """The only columns pretraining may see."""
+
+    id: np.ndarray
+    split: np.ndarray
+    x: np.ndarray
+
+
+def read_inputs(dataset: str) -> UnlabelledInputs:
+    """id, split and x of the prepared file — the label columns are never read."""
+    from stages.artifacts import prepared_path, prepared_schema
+    from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
+
+    path = prepared_path(dataset)
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: prepared data not found; it is made by the prepare stage "
+            f"(`python -m stages.prepare {dataset}` or `dvc repro prepare@{dataset}`)"
+        )
+    meta = read_metadata(path)
+    if "shape" not in meta:
+        raise ArtifactError(f"{path}: file metadata lacks 'shape' (was it written by stages.prepare?)")
+    dim = int(np.prod(meta["shape"]))
+    schema = prepared_schema(dim)
+    table = read_parquet(path, schema, columns=["id", "split", "x"])
+    split = np.asarray(table.column("split").to_pylist(), dtype=object)
+    if not (split == "train").any():
+        raise ArtifactError(f"{path}: split 'train' has no rows")
+    return UnlabelledInputs(table.column("id").to_numpy(), split, fixed_list_to_numpy(table.column("x")))
+
+
+def fit_dae(
+    x_train: np.ndarray, cfg: PretrainConfig, generator: torch.Generator
+) -> tuple[DenoisingAutoencoder, float]:
+    """Train a DenoisingAutoencoder on `x_train`; returns (model, last-epoch mean MSE)."""
+    import torch
+    import torch.nn.functional as F
+
+    from stages.models.nets import DenoisingAutoencoder
+    from stages.models.training import run_epoch
+    from stages.runtime import progress
+
+    x = torch.tensor(np.asarray(x_train, dtype=np.float32))
+    dae = DenoisingAutoencoder(x.shape[1], cfg.hidden)
+    dae.standardize.fit(x)
+    with torch.no_grad():
+        clean = dae.standardize(x)
+    optimizer = torch.optim.AdamW(dae.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        noise = torch.randn(batch["x"].shape, generator=generator) * cfg.noise_std
+        return F.mse_loss(dae(batch["x"] + noise), batch["x"])
+
+    mse = float("nan")
+    dae.train()
+    for _ in progress(range(cfg.epochs), desc="pretrain dae", total=cfg.epochs, unit="epoch"):
+        mse = run_epoch({"x": clean}, step, optimizer, cfg.batch_size, generator)
+    return dae.eval(), mse
+
+
+def run(params: DictConfig, dataset: str) -> str:
+    import pyarrow as pa
+
+    from stages.artifacts import embeddings_schema, pretrained_dir
+    from stages.io import numpy_to_fixed_list, write_parquet
+    from stages.models import EMBEDDINGS, ENCODER, atomic_dir, save_encoder
+    from stages.runtime import setup_torch
+
+    cfg = section(params, "pretrain", PretrainConfig)
+    inputs = read_inputs(dataset)
+    generator = setup_torch(cfg.seed)
+    dae, mse = fit_dae(inputs.x[inputs.split == "train"], cfg, generator)
+    z = dae.embed(inputs.x)
+    table = pa.table(
+        {"id": pa.array(inputs.id, pa.int64()), "split": pa.array(inputs.split.tolist(), pa.string()), "z": numpy_to_fixed_list(z)}
+    )
+    out = pretrained_dir(dataset)
+    with atomic_dir(out) as tmp:
+        save_encoder(tmp / ENCODER, dae)
+        write_parquet(table, tmp / EMBEDDINGS, embeddings_schema(z.shape[1]), metadata={"dataset": dataset, "hidden": cfg.hidden})
+    n_train = int((inputs.split == "train").sum())
+    return f"pretrained dae on {dataset} ({n_train} train inputs, no labels): denoising MSE {mse:.3f}, embeddings dim {z.shape[1]} -> {out}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return stage_main("pretrain", __doc__, ["dataset"], lambda: describe(PretrainConfig, "pretrain"), run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
