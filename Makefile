@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Stage commands in dvc.yaml call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: repro test setup params check lint lock bench clean-venv
+.PHONY: repro test setup params check lint lock bench clean-venv inspect serve stop
 
 setup: $(STAMP) .dvc/config
 
@@ -32,8 +32,10 @@ $(STAMP): requirements.lock
 	$(VENV)/bin/dvc config hydra.enabled true
 
 # On failure, put the last good outputs back from DVC's cache (DVC removed them before running).
+# One run per workspace (pipeline/lock.py): a second `make repro` fails fast naming the running
+# one; `make repro WAIT=1` queues behind it instead.
 repro: setup check
-	$(VENV)/bin/dvc repro || { $(VENV)/bin/dvc checkout --quiet; exit 1; }
+	$(PY) -m pipeline.lock $(if $(filter 1 yes true,$(WAIT)),--wait) -- bash -c '$(VENV)/bin/dvc repro || { $(VENV)/bin/dvc checkout --quiet; exit 1; }'
 
 test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -q
@@ -42,9 +44,27 @@ test: setup
 check: setup
 	$(PY) -m stages.config check
 
+# Explain an artifact: `make inspect PATH=data/predictions/...parquet` (ARTIFACT=... works too;
+# without one: all of data/). PATH given on the command line names the artifact, so the
+# shell's search path is rebuilt for the recipes.
+ifeq ($(origin PATH),command line)
+ARTIFACT := $(PATH)
+override PATH := $(abspath $(VENV))/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+endif
+inspect: setup
+	@$(PY) -m pipeline.inspect $(or $(ARTIFACT),data)
+
 # Recompose params.yaml from conf/ (what `dvc exp run` does automatically).
 params: setup
 	$(PY) -m stages.config compose
+
+# Prefect UI on http://127.0.0.1:4200 (SQLite under .prefect/), the `shiftlab` work pool, the
+# deployments of prefect.yaml and a worker; `make stop` stops what it started (pid files in .prefect/).
+serve: setup
+	bash pipeline/serve.sh
+
+stop:
+	bash pipeline/stop.sh
 
 lint: setup
 	$(VENV)/bin/ruff check stages pipeline tests benchmarks

@@ -28,7 +28,7 @@ def copy_repo(dest: Path) -> None:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
                            capture_output=True, check=True).stdout.split()
     for rel in files:
-        if rel == "dvc.lock" or rel.startswith(("data/", "tests/")) or not (ROOT / rel).is_file():
+        if rel == "dvc.lock" or (rel.startswith(("data/", "tests/")) and not rel.startswith("data/raw/")) or not (ROOT / rel).is_file():
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest / rel)

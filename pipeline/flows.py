@@ -1,13 +1,28 @@
 """Prefect flow that runs the DVC DAG: one task per DVC stage, in the order DVC's graph gives.
 
-    python -m pipeline.flows [--target GLOB ...] [--force]
+    python -m pipeline.flows [--target GLOB ...] [--force] [--override KEY=VALUE ...] [--push]
 
 Each task runs `dvc repro --single-item <stage>`, so `dvc.lock` stays the record and DVC is
 the only cache (tasks use NO_CACHE). DVC locks one workspace, so stages run one at a time.
+Before the stages run the flow asks DVC once which stages are stale (`dvc status`); a stage
+DVC reports unchanged, none of whose upstream stages ran in this flow, is shown as an
+`up-to-date` task without starting DVC again (that keeps a no-op run short).
+
 A failed stage fails its task with DVC's output in the task log; every stage downstream of it
 is skipped, `dvc checkout` restores the last good outputs from DVC's cache, and the flow run
-ends Failed. Afterwards the flow publishes the leaderboard and
-report as Prefect artifacts.
+ends Failed. A failed `validate@<dataset>` also publishes its failing expectations (from
+`data/validated/<dataset>.failed.json`) as a markdown artifact.
+
+With `overrides` (Hydra `key=value`, as in `dvc exp run -S`), the run is a DVC experiment:
+params.yaml is recomposed from conf/ with the overrides (DVC's own Hydra composition, as
+`dvc exp run -S` does), the stages run as above, and `dvc exp save` records the result as an
+experiment named after the Prefect flow run (`dvc exp show` lists it).
+
+Afterwards the flow publishes Prefect artifacts with stable keys (so the UI shows their
+history): what each stage did (also after a failure: which stages failed or were skipped), the
+leaderboard table, the report as markdown, each dataset's validation result,
+and links to the Parquet outputs and the validation Data Docs. With `push`, `dvc push` sends
+the outputs to the default DVC remote (the shared artifact store of a multi-machine setup).
 """
 
 from __future__ import annotations
@@ -15,21 +30,33 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from prefect import flow, get_run_logger, task  # noqa: E402
-from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
+from prefect.artifacts import (  # noqa: E402
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+LEADERBOARD_COLUMNS = ("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
+KEY_PREFIX = "shiftlab"
 
 
 class StageFailed(RuntimeError):
-    """`dvc repro` of one stage exited non-zero."""
+    """`dvc repro` of one stage (or a DVC command the flow runs) exited non-zero."""
+
+
+# ---- DVC's graph -----------------------------------------------------------------------------
 
 
 def stage_graph(root: Path) -> tuple[list[str], dict[str, set[str]]]:
@@ -42,6 +69,17 @@ def stage_graph(root: Path) -> tuple[list[str], dict[str, set[str]]]:
         order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
         upstream = {s.name: {d.name for d in graph.successors(s)} for s in graph.nodes}
     return order, upstream
+
+
+def stale_stages(root: Path) -> set[str] | None:
+    """Stages `dvc status` reports changed; None when DVC cannot tell (then every stage runs DVC)."""
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return {str(name).rsplit(":", 1)[-1] for name in repo.status()}
+    except Exception:  # any DVC error: fall back to asking DVC stage by stage
+        return None
 
 
 def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequence[str] | None) -> list[str]:
@@ -60,51 +98,248 @@ def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequenc
     return [s for s in order if s in wanted]
 
 
-@task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def run_stage(stage: str, root: str, force: bool = False) -> str:
-    """`dvc repro --single-item <stage>`; DVC skips it when nothing changed."""
-    logger = get_run_logger()
-    cmd = [_dvc(), "repro", "--single-item", stage] + (["--force"] if force else [])
-    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=_env())
-    output = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
-        logger.error("%s failed:\n%s", stage, output)
-        raise StageFailed(f"{stage}: dvc repro exited {proc.returncode}\n{output[-2000:]}")
-    logger.info("%s", output.splitlines()[-1] if output else "up to date")
-    return output
+def outcome(output: str) -> str:
+    """What `dvc repro --single-item` did, from its output: ran, restored (run cache) or up-to-date."""
+    if "Running stage" in output:
+        return "ran"
+    if "is cached - skipping run" in output or "from run-cache" in output:
+        return "restored"
+    return "up-to-date"
 
 
-def _dvc() -> str:
+def artifact_key(*parts: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from `parts`."""
+    return re.sub(r"[^a-z0-9]+", "-", "-".join((KEY_PREFIX, *parts)).lower()).strip("-")
+
+
+# ---- subprocesses ----------------------------------------------------------------------------
+
+
+def dvc_bin() -> str:
     return str(Path(sys.executable).parent / "dvc")
 
 
-def _env() -> dict[str, str]:
+def tool_env() -> dict[str, str]:
+    """The environment for DVC and stage commands: the venv's `python` first, no telemetry."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("DVC_NO_ANALYTICS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
     return env
 
 
-@task(cache_policy=NO_CACHE)
-def publish(root: str) -> None:
-    """Leaderboard table and report markdown as Prefect artifacts with stable keys."""
-    import polars as pl
+def run_command(cmd: Sequence[str], root: str, what: str) -> str:
+    """Run `cmd` in `root`; its output, or StageFailed with the output's tail."""
+    proc = subprocess.run(list(cmd), cwd=root, text=True, capture_output=True, env=tool_env())
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        get_run_logger().error("%s failed:\n%s", what, output)
+        raise StageFailed(f"{what}: exited {proc.returncode}\n{output[-2000:]}")
+    return output
 
-    board = Path(root) / "data" / "reports" / "leaderboard.parquet"
-    report = Path(root) / "data" / "reports" / "report.md"
+
+# ---- tasks -----------------------------------------------------------------------------------
+
+
+def check_stage(stage: str, known: Sequence[str]) -> str:
+    """`stage` if it is one of DVC's stage names, else ValueError: nothing else is handed to dvc."""
+    if stage not in set(known):
+        raise ValueError(f"{stage!r} is not a stage of this DVC project (stages: {', '.join(sorted(known)[:10])}, ...)")
+    return stage
+
+
+@task(cache_policy=NO_CACHE, task_run_name="{stage}")
+def run_stage(stage: str, root: str, force: bool = False, stale: bool = True, known: list[str] | None = None) -> str:
+    """`dvc repro --single-item <stage>` unless DVC already said it is unchanged; the outcome.
+
+    `known`: DVC's stage names (read from the project when not given); any other name is refused.
+    """
+    check_stage(stage, known if known is not None else stage_graph(Path(root))[0])
+    logger = get_run_logger()
+    if not (force or stale):
+        logger.info("%s: up to date (dvc status: unchanged, nothing upstream ran)", stage)
+        return "up-to-date"
+    cmd = [dvc_bin(), "repro", "--single-item", stage] + (["--force"] if force else [])
+    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        logger.error("%s failed:\n%s", stage, output)
+        if stage.startswith("validate@"):
+            publish_validation_failure(Path(root), stage.split("@", 1)[1])
+        raise StageFailed(f"{stage}: dvc repro exited {proc.returncode}\n{output[-2000:]}")
+    logger.info("%s", output or "up to date")
+    return outcome(output)
+
+
+def publish_validation_failure(root: Path, dataset: str) -> None:
+    """The failing expectations of `dataset` in the task log and as a markdown artifact."""
+    from stages.artifacts import validated_path
+    from stages.io import read_json
+    from stages.validate import failure_summary
+
+    failed = root / validated_path(dataset).with_suffix(".failed.json")
+    if not failed.is_file():  # failed before the suite ran (e.g. a config error): DVC's log says why
+        return
+    report = read_json(failed)
+    lines = failure_summary(report["expectations"])
+    get_run_logger().error("validation of %s failed:\n%s", dataset, "\n".join(f"  - {x}" for x in lines))
+    md = "\n".join(
+        [
+            f"# Validation FAILED: `{dataset}`",
+            "",
+            f"{report['n_failed']}/{report['n_expectations']} expectations failed on `{report['source']}`; "
+            f"the stages after it did not run. Details: `{failed.relative_to(root).as_posix()}`.",
+            "",
+            *(f"- {x}" for x in lines),
+        ]
+    )
+    create_markdown_artifact(key=artifact_key("validation", dataset), markdown=md, description=f"validate@{dataset}")
+
+
+@task(cache_policy=NO_CACHE, task_run_name="set-params")
+def set_params(root: str, overrides: list[str]) -> str:
+    """Recompose params.yaml from conf/ with Hydra `overrides` (DVC's composition, as `dvc exp run -S`)."""
+    output = run_command([sys.executable, "-m", "stages.config", "compose", *overrides], root, "compose params.yaml")
+    get_run_logger().info("params.yaml composed with %s", " ".join(overrides))
+    return output
+
+
+@task(cache_policy=NO_CACHE, task_run_name="dvc-exp-save")
+def save_experiment(root: str, name: str) -> str:
+    """`dvc exp save -n <name>`: DVC records this run as an experiment (`dvc exp show` lists it)."""
+    output = run_command([dvc_bin(), "exp", "save", "--force", "-n", name], root, "dvc exp save")
+    get_run_logger().info("%s", output.splitlines()[-1] if output else f"saved experiment {name}")
+    return name
+
+
+@task(cache_policy=NO_CACHE, task_run_name="dvc-push")
+def push_outputs(root: str) -> str:
+    """`dvc push`: send every cached output to the default DVC remote."""
+    output = run_command([dvc_bin(), "push"], root, "dvc push")
+    get_run_logger().info("%s", output.splitlines()[-1] if output else "pushed")
+    return output
+
+
+@task(cache_policy=NO_CACHE)
+def publish(root: str, datasets: list[str]) -> list[str]:
+    """Leaderboard table, report markdown, validation results and links, as artifacts with stable keys."""
+    from stages.artifacts import (
+        LEADERBOARD_SCHEMA,
+        REPORTS,
+        data_docs_dir,
+        prepared_path,
+        validated_path,
+    )
+    from stages.io import read_json, read_parquet
+
+    base = Path(root).resolve()
+    keys: list[str] = []
+
+    def link(key: str, path: Path, text: str, description: str) -> None:
+        if path.exists():
+            create_link_artifact(key=key, link=path.as_uri(), link_text=text, description=description)
+            keys.append(key)
+
+    board = base / REPORTS / "leaderboard.parquet"
     if board.is_file():
-        df = pl.read_parquet(board).select("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
-        create_table_artifact(key="shiftlab-leaderboard", table=df.to_dicts(), description="metrics per dataset × model × seed × split")
+        rows = read_parquet(board, LEADERBOARD_SCHEMA).select(list(LEADERBOARD_COLUMNS)).to_pylist()
+        key = artifact_key("leaderboard")
+        create_table_artifact(key=key, table=rows, description="metrics per dataset × model × seed × split (data/reports/leaderboard.parquet)")
+        keys.append(key)
+        link(artifact_key("leaderboard", "parquet"), board, "data/reports/leaderboard.parquet", "the full leaderboard as Parquet")
+    report = base / REPORTS / "report.md"
     if report.is_file():
-        create_markdown_artifact(key="shiftlab-report", markdown=report.read_text(), description="data/reports/report.md")
+        key = artifact_key("report")
+        create_markdown_artifact(key=key, markdown=report.read_text(), description="data/reports/report.md")
+        keys.append(key)
+    for ds in datasets:
+        link(artifact_key("prepared", ds), base / prepared_path(ds), prepared_path(ds).as_posix(), f"prepared data of {ds}")
+        link(artifact_key("data-docs", ds), base / data_docs_dir(ds) / "index.html", f"Data Docs: {ds}", f"Great Expectations Data Docs of {ds}")
+        result = base / validated_path(ds)
+        if result.is_file():
+            v = read_json(result)
+            key = artifact_key("validation", ds)
+            create_markdown_artifact(
+                key=key,
+                markdown=f"# Validation passed: `{ds}`\n\n{v['n_expectations'] - v['n_failed']}/{v['n_expectations']} "
+                f"expectations passed on `{v['source']}`. Data Docs: `{(data_docs_dir(ds) / 'index.html').as_posix()}`.",
+                description=f"validate@{ds}",
+            )
+            keys.append(key)
+    outputs = parquet_outputs(base)
+    if outputs:
+        key = artifact_key("outputs")
+        table = "\n".join(f"| [{p}]({(base / p).as_uri()}) | `{md5}` |" for p, md5 in outputs)
+        create_markdown_artifact(key=key, markdown=f"# Parquet outputs\n\n| file | md5 (dvc.lock) |\n|---|---|\n{table}\n", description="every Parquet output DVC records")
+        keys.append(key)
+    return keys
+
+
+def parquet_outputs(root: Path) -> list[tuple[str, str]]:
+    """(path, md5) of every Parquet output in dvc.lock, including files inside output folders."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    if not lock.is_file():
+        return []
+    found: dict[str, str] = {}
+    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+        for out in stage.get("outs", []):
+            path = Path(out["path"])
+            if path.suffix == ".parquet":
+                found[path.as_posix()] = str(out.get("md5", ""))
+            elif (root / path).is_dir():
+                for f in sorted((root / path).rglob("*.parquet")):
+                    found[f.relative_to(root).as_posix()] = f"in {path.as_posix()} ({out.get('md5', '')})"
+    return sorted(found.items())
+
+
+# ---- the flow --------------------------------------------------------------------------------
+
+
+def experiment_name(flow_run_name: str | None) -> str:
+    """A git-ref-safe DVC experiment name for a flow run."""
+    base = re.sub(r"[^A-Za-z0-9_-]+", "-", flow_run_name or "run").strip("-") or "run"
+    return f"prefect-{base}"
 
 
 @flow(name="shiftlab-pipeline", log_prints=True)
-def pipeline(targets: list[str] | None = None, force: bool = False, root: str = ".") -> dict[str, str]:
-    """Run the DVC DAG stage by stage; returns each stage's state: ran, failed or skipped."""
+def pipeline(
+    targets: list[str] | None = None,
+    force: bool = False,
+    overrides: list[str] | None = None,
+    push: bool = False,
+    root: str = ".",
+    wait: bool = False,
+) -> dict[str, str]:
+    """Run the DVC DAG stage by stage; each stage's state: ran, restored, up-to-date, failed or skipped.
+
+    targets: stage names or globs (default: all), with everything they depend on.
+    force: re-run the selected stages even when DVC says they are unchanged.
+    overrides: Hydra `key=value` overrides; the run then becomes a DVC experiment.
+    push: `dvc push` the outputs to the default DVC remote after a successful run.
+    root: the DVC workspace (default: the working directory).
+    wait: if another shiftlab run (`make repro`, a flow) holds the workspace, queue behind it
+        instead of failing at once (pipeline/lock.py).
+    """
+    from pipeline.lock import workspace_lock
+
+    command = f"prefect flow shiftlab-pipeline (targets={targets}, overrides={overrides})"
+    with workspace_lock(Path(root).resolve(), command=command, wait=wait, say=print):
+        return _pipeline(targets, force, overrides, push, root)
+
+
+def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | None, push: bool, root: str) -> dict[str, str]:
+    """The body of `pipeline`, run while holding the workspace lock."""
+    from prefect.runtime import flow_run
+
     logger = get_run_logger()
     root = str(Path(root).resolve())
+    if overrides:
+        set_params(root, list(overrides))
     order, upstream = stage_graph(Path(root))
     stages = select(order, upstream, targets)
+    stale = None if force else stale_stages(Path(root))
     states: dict[str, str] = {}
     for stage in stages:
         blocked = [u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped")]
@@ -112,26 +347,55 @@ def pipeline(targets: list[str] | None = None, force: bool = False, root: str = 
             states[stage] = "skipped"
             logger.warning("skipping %s: upstream %s did not succeed", stage, ", ".join(sorted(blocked)))
             continue
+        upstream_changed = any(states.get(u) in ("ran", "restored") for u in upstream.get(stage, ()))
+        is_stale = stale is None or stage in stale or upstream_changed
         try:
-            run_stage(stage, root, force)
-            states[stage] = "ran"
+            states[stage] = run_stage(stage, root, force, is_stale, known=order)
         except StageFailed:
             states[stage] = "failed"
+    create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
     failed = sorted(s for s, st in states.items() if st == "failed")
     if failed:
         # DVC removed the failed stages' outputs before running them: put the last good ones back.
-        subprocess.run([_dvc(), "checkout", "--quiet"], cwd=root, env=_env(), check=False)
-        raise StageFailed(f"{len(failed)} stage(s) failed: {', '.join(failed)}")
-    publish(root)
+        subprocess.run([dvc_bin(), "checkout", "--quiet"], cwd=root, env=tool_env(), check=False)
+        skipped = sorted(s for s, st in states.items() if st == "skipped")
+        raise StageFailed(
+            f"{len(failed)} stage(s) failed: {', '.join(failed)}"
+            + (f"; {len(skipped)} downstream skipped" if skipped else "")
+        )
+    if overrides:
+        save_experiment(root, experiment_name(flow_run.get_name()))
+    publish(root, datasets_of(stages))
+    if push:
+        push_outputs(root)
     return states
+
+
+def stages_markdown(states: dict[str, str]) -> str:
+    """The state of every stage as a markdown table, failures and skips first."""
+    rank = {"failed": 0, "skipped": 1, "ran": 2, "restored": 3, "up-to-date": 4}
+    counts = ", ".join(f"{sum(v == s for v in states.values())} {s}" for s in rank if s in states.values())
+    rows = "\n".join(f"| `{s}` | {st} |" for s, st in sorted(states.items(), key=lambda kv: (rank.get(kv[1], 9), list(states).index(kv[0]))))
+    return f"# DVC stages: {counts}\n\n| stage | state |\n|---|---|\n{rows}\n"
+
+
+def datasets_of(stages: Iterable[str]) -> list[str]:
+    """Datasets named by the `validate@<dataset>` stages among `stages`."""
+    return [s.split("@", 1)[1] for s in stages if s.startswith("validate@")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", help="stage name or glob (repeatable); default: all")
-    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--force", action="store_true", help="re-run stages even when unchanged")
+    parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="Hydra override (repeatable); makes the run a DVC experiment")
+    parser.add_argument("--push", action="store_true", help="dvc push to the default remote afterwards")
+    parser.add_argument("--wait", action="store_true", help="queue behind a shiftlab run already using this workspace")
     args = parser.parse_args(argv)
-    pipeline(targets=args.target, force=args.force)
+    state = pipeline(targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait, return_state=True)
+    if not state.is_completed():
+        print(f"pipeline: {state.name}: {state.message}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -29,9 +29,31 @@ PREPARED_BASE = pa.schema(
 )
 
 
-def prepared_schema(dim: int) -> pa.Schema:
+# `x` holds float32 features, or uint8 pixels (metadata `x_dtype: uint8`) that readers
+# turn into float32 in [0, 1] by dividing by 255. Text datasets add a `text` column
+# (metadata `text: true`) beside `x`, which then holds features derived from the text.
+X_TYPES = {"float32": pa.float32(), "uint8": pa.uint8()}
+
+
+def prepared_schema(dim: int, x_dtype: str = "float32", text: bool = False) -> pa.Schema:
     """Schema of `data/prepared/<dataset>.parquet` for vector/image datasets of `dim` features."""
-    return PREPARED_BASE.append(pa.field("x", pa.list_(pa.float32(), dim), nullable=False))
+    schema = PREPARED_BASE.append(pa.field("x", pa.list_(X_TYPES[x_dtype], dim), nullable=False))
+    return schema.append(pa.field("text", pa.string(), nullable=False)) if text else schema
+
+
+def prepared_schema_for(meta: dict[str, Any]) -> pa.Schema:
+    """The prepared schema a file's metadata describes (shape, `x_dtype`, `text`)."""
+    x_dtype = str(meta.get("x_dtype", "float32"))
+    if x_dtype not in X_TYPES:
+        raise ArtifactError(f"metadata x_dtype must be one of {list(X_TYPES)}, got '{x_dtype}'")
+    return prepared_schema(int(np.prod(meta["shape"])), x_dtype, bool(meta.get("text", False)))
+
+
+def x_to_float(column: pa.ChunkedArray | pa.Array, meta: dict[str, Any]) -> np.ndarray:
+    """The `x` column as float32 (n, dim); uint8 pixels are scaled to [0, 1]."""
+    if meta.get("x_dtype", "float32") == "uint8":
+        return fixed_list_to_numpy(column, np.float32) / np.float32(255.0)
+    return fixed_list_to_numpy(column)
 
 
 def predictions_schema(n_classes: int) -> pa.Schema:
@@ -133,6 +155,7 @@ class Prepared:
     g: np.ndarray
     x: np.ndarray  # float32, (n, dim)
     meta: dict[str, Any] = field(default_factory=dict)
+    text: np.ndarray | None = None  # object array of strings (text datasets only)
 
     @property
     def n_classes(self) -> int:
@@ -156,7 +179,8 @@ class Prepared:
     def subset(self, split: str) -> Prepared:
         """The rows of one split, in file order."""
         m = self.mask(split)
-        return Prepared(self.id[m], self.split[m], self.y[m], self.a[m], self.g[m], self.x[m], self.meta)
+        text = None if self.text is None else self.text[m]
+        return Prepared(self.id[m], self.split[m], self.y[m], self.a[m], self.g[m], self.x[m], self.meta, text)
 
 
 REQUIRED_META = ("dataset", "n_classes", "n_attrs", "shape")
@@ -169,12 +193,16 @@ def read_prepared(path: str | Path) -> Prepared:
     for key in REQUIRED_META:
         if key not in meta:
             raise ArtifactError(f"{path}: file metadata lacks '{key}' (was it written by stages.prepare?)")
-    dim = int(np.prod(meta["shape"]))
-    table = read_parquet(path, prepared_schema(dim))
+    try:
+        schema = prepared_schema_for(meta)
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: {e}") from None
+    table = read_parquet(path, schema)
     for name in PREPARED_BASE.names:
         if table.column(name).null_count:
             raise ArtifactError(f"{path}: column '{name}' has {table.column(name).null_count} null values")
-    x = fixed_list_to_numpy(table.column("x"))
+    x = x_to_float(table.column("x"), meta)
+    has_text = "text" in schema.names
     return Prepared(
         id=table.column("id").to_numpy(),
         split=np.asarray(table.column("split").to_pylist(), dtype=object),
@@ -183,4 +211,5 @@ def read_prepared(path: str | Path) -> Prepared:
         g=table.column("g").to_numpy(),
         x=x,
         meta=meta,
+        text=np.asarray(table.column("text").to_pylist(), dtype=object) if has_text else None,
     )

@@ -117,12 +117,174 @@ class ColoredDigitsConfig:
         c.require(total < 0.9, "val_frac", f"val+test fractions must leave >= 10% for train, got {total}")
 
 
+@dataclass
+class Mnist1DShortcutConfig:
+    """MNIST-1D (generated offline by `mnist1d`), y = digit < 5, a marker agreeing with y w.p. ρ."""
+
+    kind: str = _help("dataset generator", "mnist1d_shortcut")
+    seed: int = _help("seed of the signals, splits, attributes and marker noise", 0)
+    num_samples: int = _help("MNIST-1D examples generated (split over train/val/test_id/test_ood)", 4000)
+    rho_train: float = _help("P(attribute == label) in train, val and test_id", 0.95)
+    rho_ood: float = _help("P(attribute == label) in test_ood", 0.05)
+    spurious_scale: float = _help("marker height: ±scale added to the first marker_width samples", 1.0)
+    spurious_noise: float = _help("std of the noise on the marker", 0.1)
+    marker_width: int = _help("how many leading samples of the 40 carry the marker", 4)
+    val_frac: float = _help("fraction of examples in val", 0.15)
+    test_id_frac: float = _help("fraction of examples in test_id", 0.15)
+    test_ood_frac: float = _help("fraction of examples in test_ood", 0.2)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["mnist1d_shortcut"])
+        c.require(self.num_samples >= 200, "num_samples", f"must be >= 200, got {self.num_samples}")
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.non_negative(self.spurious_scale, "spurious_scale")
+        c.non_negative(self.spurious_noise, "spurious_noise")
+        c.require(1 <= self.marker_width <= 40, "marker_width", f"must be in 1..40, got {self.marker_width}")
+        _check_fracs(c, self.val_frac, self.test_id_frac, self.test_ood_frac)
+
+
+@dataclass
+class ShortcutTextConfig:
+    """Templated sentences, label = polarity of the content (with negation), plus a marker word agreeing w.p. ρ."""
+
+    kind: str = _help("dataset generator", "shortcut_text")
+    seed: int = _help("generator seed", 0)
+    rho_train: float = _help("P(marker word == label's marker) in train, val and test_id", 0.95)
+    rho_ood: float = _help("P(marker word == label's marker) in test_ood", 0.05)
+    negation_rate: float = _help("fraction of sentences whose adjective is negated ('not'), flipping its polarity", 0.2)
+    vocab_size: int = _help("most frequent train words kept as bag-of-words features in x", 256)
+    n_train: int = _help("train examples", 2000)
+    n_val: int = _help("validation examples", 500)
+    n_test_id: int = _help("in-distribution test examples", 500)
+    n_test_ood: int = _help("shifted test examples", 500)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["shortcut_text"])
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.require(0 <= self.negation_rate < 0.5, "negation_rate", f"must be in [0, 0.5), got {self.negation_rate}")
+        c.require(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
+        for k in ("n_train", "n_val", "n_test_id", "n_test_ood"):
+            c.require(getattr(self, k) >= 8, k, f"must be >= 8, got {getattr(self, k)}")
+
+
+BAD_IMAGE = ("error", "skip")
+
+
+@dataclass
+class WaterbirdsConfig:
+    """Waterbirds (waterbird_complete95_forest2water2) from data/raw: y = waterbird, a = water background."""
+
+    kind: str = _help("dataset loader", "waterbirds")
+    root: str = _help("folder holding metadata.csv and the image folders", "data/raw/waterbirds")
+    seed: int = _help("seed of the test_id split carved from train", 0)
+    resolution: int = _help("images are resized (shorter side) and centre-cropped to resolution²", 32)
+    test_id_frac: float = _help("fraction of the official train split moved to test_id, per group", 0.1)
+    on_bad_image: str = _help("an image that fails to decode: error | skip (counted in the metadata)", "error")
+    workers: int = _help("decoding processes (0 = one per core)", 0)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["waterbirds"])
+        _check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(0 < self.test_id_frac < 0.5, "test_id_frac", f"must be in (0, 0.5), got {self.test_id_frac}")
+
+
+@dataclass
+class CelebAConfig:
+    """CelebA from data/raw (attribute + partition CSVs): y = target attribute, a = spurious attribute."""
+
+    kind: str = _help("dataset loader", "celeba")
+    root: str = _help("folder holding list_attr_celeba.csv, list_eval_partition.csv, img_align_celeba/", "data/raw/celeba")
+    target: str = _help("attribute column used as the label y", "Blond_Hair")
+    attribute: str = _help("attribute column used as the spurious attribute a", "Male")
+    seed: int = _help("seed of the test_id / test_ood split of the official test split", 0)
+    resolution: int = _help("images are resized (shorter side) and centre-cropped to resolution²", 32)
+    test_ood_frac: float = _help("fraction of the official test split (per group) from which the group-balanced test_ood is drawn", 0.5)
+    on_bad_image: str = _help("an image that fails to decode: error | skip (counted in the metadata)", "error")
+    workers: int = _help("decoding processes (0 = one per core)", 0)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["celeba"])
+        _check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(self.target != self.attribute, "attribute", f"must differ from target '{self.target}'")
+        c.require(0 < self.test_ood_frac < 1, "test_ood_frac", f"must be in (0, 1), got {self.test_ood_frac}")
+
+
+@dataclass
+class Camelyon17Config:
+    """Camelyon17 patches (WILDS v1.0) from data/raw: y = tumor, a = hospital (center); test_ood = held-out centers."""
+
+    kind: str = _help("dataset loader", "camelyon17")
+    root: str = _help("folder holding metadata.csv and patches/", "data/raw/camelyon17")
+    train_centers: list[int] = _help("hospitals of train, val and test_id (WILDS: 0, 3, 4)", [0, 3, 4])
+    test_ood_centers: list[int] = _help("held-out hospitals of test_ood (WILDS test: 2); other centers are unused", [2])
+    seed: int = _help("seed of the test_id split carved from train", 0)
+    resolution: int = _help("patches (96²) are resized to resolution²", 32)
+    test_id_frac: float = _help("fraction of the train-center train split moved to test_id, per group", 0.1)
+    on_bad_image: str = _help("an image that fails to decode: error | skip (counted in the metadata)", "error")
+    workers: int = _help("decoding processes (0 = one per core)", 0)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["camelyon17"])
+        _check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(0 < self.test_id_frac < 0.5, "test_id_frac", f"must be in (0, 0.5), got {self.test_id_frac}")
+        for key in ("train_centers", "test_ood_centers"):
+            centers = getattr(self, key)
+            c.require(len(centers) > 0 and all(0 <= x <= 4 for x in centers), key, f"must be non-empty, centers 0..4, got {centers}")
+        both = set(self.train_centers) & set(self.test_ood_centers)
+        c.require(not both, "test_ood_centers", f"overlaps train_centers: {sorted(both)}")
+
+
+@dataclass
+class CivilCommentsConfig:
+    """CivilComments (WILDS CSV) from data/raw: y = toxic, a = any configured identity mentioned."""
+
+    kind: str = _help("dataset loader", "civilcomments")
+    root: str = _help("folder holding all_data_with_identities.csv", "data/raw/civilcomments")
+    identities: list[str] = _help(
+        "identity columns; a = 1 when any is >= threshold",
+        ["male", "female", "LGBTQ", "christian", "muslim", "other_religions", "black", "white"],
+    )
+    threshold: float = _help("toxicity and identity scores >= threshold count as 1", 0.5)
+    seed: int = _help("seed of the test_id / test_ood split of the official test split", 0)
+    test_ood_frac: float = _help("fraction of the official test split (per group) from which the group-balanced test_ood is drawn", 0.5)
+    vocab_size: int = _help("most frequent train words kept as bag-of-words features in x", 512)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", ["civilcomments"])
+        c.require(len(self.identities) > 0, "identities", "must not be empty")
+        c.prob(self.threshold, "threshold")
+        c.require(0 < self.test_ood_frac < 1, "test_ood_frac", f"must be in (0, 1), got {self.test_ood_frac}")
+        c.require(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
+
+
+def _check_images(c: _Checks, resolution: int, on_bad_image: str, workers: int) -> None:
+    c.require(4 <= resolution <= 512, "resolution", f"must be in 4..512, got {resolution}")
+    c.choice(on_bad_image, "on_bad_image", BAD_IMAGE)
+    c.non_negative(workers, "workers")
+
+
+def _check_fracs(c: _Checks, *fracs: float) -> None:
+    for k, v in zip(("val_frac", "test_id_frac", "test_ood_frac"), fracs, strict=True):
+        c.require(0 < v < 1, k, f"must be in (0, 1), got {v}")
+    c.require(sum(fracs) < 0.9, "val_frac", f"val+test fractions must leave >= 10% for train, got {sum(fracs)}")
+
+
 DATASET_SCHEMAS: dict[str, type] = {
     "gaussian_shortcut": GaussianShortcutConfig,
     "colored_digits": ColoredDigitsConfig,
+    "mnist1d_shortcut": Mnist1DShortcutConfig,
+    "shortcut_text": ShortcutTextConfig,
+    "waterbirds": WaterbirdsConfig,
+    "celeba": CelebAConfig,
+    "camelyon17": Camelyon17Config,
+    "civilcomments": CivilCommentsConfig,
 }
 
 SELECTIONS = ("val_avg", "val_worst_group", "oracle")
+# The split each criterion scores (the metric is in stages.models.training.SELECTION_METRIC).
+SELECTION_SPLIT = {"val_avg": "val", "val_worst_group": "val", "oracle": "test_ood"}
 
 
 @dataclass
@@ -136,7 +298,11 @@ class ErmConfig:
     weight_decay: float = _help("AdamW weight decay", 0.0)
     epochs: int = _help("training epochs", 30)
     batch_size: int = _help("minibatch size", 128)
-    selection: str = _help("checkpoint selection: val_avg | val_worst_group | oracle", "val_avg")
+    selection: str = _help("checkpoint selection: val_avg | val_worst_group | oracle", "val_worst_group")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """The splits whose rows can change the trained weights: train, and the selection split."""
+        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
 
     def check(self, c: _Checks) -> None:
         c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
@@ -162,18 +328,190 @@ class GroupDROConfig(ErmConfig):
 
 
 @dataclass
+class ReweightConfig(ErmConfig):
+    """Cross-entropy with weights ∝ 1/frequency, so every class (or group) of train weighs the same."""
+
+    kind: str = _help("method family", "reweight")
+    balance: str = _help("what the inverse-frequency weights balance: class | group", "group")
+
+    def check(self, c: _Checks) -> None:
+        super().check(c)
+        c.choice(self.balance, "balance", ["class", "group"])
+
+
+@dataclass
+class JTTConfig(ErmConfig):
+    """Just Train Twice: an ERM run's train errors get weight λ in a second run of the same backbone."""
+
+    kind: str = _help("method family", "jtt")
+    id_epochs: int = _help("epochs of the ERM identification run (its last epoch is used)", 2)
+    upweight: float = _help("λ: loss weight of the identification run's train errors (1 = plain ERM)", 20.0)
+
+    def check(self, c: _Checks) -> None:
+        super().check(c)
+        c.require(self.id_epochs >= 1, "id_epochs", f"must be >= 1, got {self.id_epochs}")
+        c.require(self.upweight >= 1, "upweight", f"must be >= 1 (1 = plain ERM), got {self.upweight}")
+
+
+@dataclass
+class ProbeConfig(ErmConfig):
+    """Linear probe: the pretrained encoder frozen, a linear head trained on train (hidden is ignored)."""
+
+    kind: str = _help("method family", "probe")
+    init: str = _help("must be pretrained: the frozen encoder comes from the pretrain stage", "pretrained")
+
+    def check(self, c: _Checks) -> None:
+        super().check(c)
+        c.require(self.init == "pretrained", "init", f"a linear probe needs init 'pretrained', got '{self.init}'")
+
+
+@dataclass
+class DFRConfig:
+    """Deep feature reweighting: logistic regression on the pretrained embeddings of a
+    group-balanced half of val; C tuned on the other half. Reads val rows only (plus test_ood
+    under the oracle selection)."""
+
+    kind: str = _help("method family", "dfr")
+    c_grid: list[float] = _help("inverse L2 regularisation strengths C to try", [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0])
+    balance: str = _help("group balance of the fit half: subsample (DFR paper) | weight (all rows, 1/group-count weights)", "subsample")
+    n_fits: int = _help("with balance=subsample: balanced subsamples whose heads are averaged", 10)
+    selection: str = _help("C chosen by: val_worst_group | val_avg (tune half) | oracle (test_ood)", "val_worst_group")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """val only (test_ood too under the oracle criterion)."""
+        return ("val", "test_ood") if self.selection == "oracle" else ("val",)
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
+        c.require(len(self.c_grid) > 0 and all(v > 0 for v in self.c_grid), "c_grid", f"needs values > 0, got {self.c_grid}")
+        c.choice(self.balance, "balance", ["subsample", "weight"])
+        c.require(self.n_fits >= 1, "n_fits", f"must be >= 1, got {self.n_fits}")
+        c.choice(self.selection, "selection", SELECTIONS)
+
+
+@dataclass
 class LDAConfig:
     """Generative classifier: class-conditional Gaussians with a shared, shrunk covariance."""
 
     kind: str = _help("method family", "lda")
     shrinkage: float = _help("covariance shrinkage towards a scaled identity, in [0, 1]", 0.1)
 
+    def reads_splits(self) -> tuple[str, ...]:
+        """Fitted in closed form on train."""
+        return ("train",)
+
     def check(self, c: _Checks) -> None:
         c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
         c.prob(self.shrinkage, "shrinkage")
 
 
+@dataclass
+class QDAConfig(LDAConfig):
+    """Generative classifier: class-conditional Gaussians, one shrunk covariance per class."""
+
+    kind: str = _help("method family", "qda")
+    shrinkage: float = _help("per-class covariance shrinkage towards a scaled identity, in [0, 1]", 0.1)
+
+
+@dataclass
+class _GenerativeFit:
+    """Optimisation and selection keys shared by the trained generative classifiers."""
+
+    kind: str = _help("method family", "")
+    lr: float = _help("AdamW learning rate", 2e-3)
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    epochs: int = _help("training epochs", 40)
+    batch_size: int = _help("minibatch size", 128)
+    selection: str = _help("checkpoint selection: val_avg | val_worst_group | oracle", "val_worst_group")
+    eval_every: int = _help("score the splits (for selection and history) every N epochs and at the last", 10)
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """The splits whose rows can change the trained weights: train, and the selection split."""
+        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", list(METHOD_SCHEMAS))  # type: ignore[attr-defined]
+        c.positive(self.lr, "lr")
+        c.non_negative(self.weight_decay, "weight_decay")
+        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.choice(self.selection, "selection", SELECTIONS)
+        c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
+
+
+@dataclass
+class DiffusionConfig(_GenerativeFit):
+    """Class-conditional DDPM classifier: class score = −mean w(t)·‖ε_θ(x_t, t, y) − ε‖² + log prior."""
+
+    kind: str = _help("method family", "diffusion")
+    denoiser: str = _help("auto (conv for C×H×W data, else mlp) | mlp | conv", "auto")
+    width: int = _help("hidden width of the mlp denoiser", 128)
+    channels: int = _help("channels of the conv denoiser", 32)
+    depth: int = _help("residual hidden layers of the denoiser", 2)
+    steps: int = _help("T: diffusion timesteps", 100)
+    schedule: str = _help("noise schedule: cosine | linear", "cosine")
+    class_dropout: float = _help("P(label replaced by the null class) in training (classifier-free), in [0, 1)", 0.0)
+    weighting: str = _help("score weighting w(t): simple (1) | elbo", "simple")
+    draws: int = _help("(t, ε) draws per example when scoring, shared by every class", 32)
+    select_draws: int = _help("draws per example when scoring the splits for checkpoint selection", 8)
+    prune_keep: int = _help("adaptive pruning: classes kept after the first prune_draws draws (0 = off)", 0)
+    prune_draws: int = _help("draws that score every class before pruning", 8)
+    score_seed: int = _help("seed of the scoring draws (scores depend only on it, the model and x)", 0)
+    score_rows: int = _help("denoiser rows per scoring forward pass (memory; fixes the draw chunks)", 8192)
+
+    def check(self, c: _Checks) -> None:
+        super().check(c)
+        c.choice(self.denoiser, "denoiser", ["auto", "mlp", "conv"])
+        c.require(self.width >= 1, "width", f"must be >= 1, got {self.width}")
+        c.require(self.channels >= 1, "channels", f"must be >= 1, got {self.channels}")
+        c.require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
+        c.require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        c.choice(self.schedule, "schedule", ["cosine", "linear"])
+        c.require(0 <= self.class_dropout < 1, "class_dropout", f"must be in [0, 1), got {self.class_dropout}")
+        c.choice(self.weighting, "weighting", ["simple", "elbo"])
+        c.require(self.draws >= 1, "draws", f"must be >= 1, got {self.draws}")
+        c.require(self.select_draws >= 1, "select_draws", f"must be >= 1, got {self.select_draws}")
+        c.require(self.prune_keep >= 0, "prune_keep", f"must be >= 0 (0 = no pruning), got {self.prune_keep}")
+        if self.prune_keep:
+            c.require(1 <= self.prune_draws < self.draws, "prune_draws",
+                      f"must be in [1, draws={self.draws}) when prune_keep > 0, got {self.prune_draws}")
+        c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
+
+    def check_data(self, key: str, n_classes: int) -> None:
+        """Checks that need the dataset: pruning must keep fewer classes than there are."""
+        if self.prune_keep and self.prune_keep >= n_classes:
+            raise ConfigError(
+                f"params.yaml: {key}.prune_keep: must be < the dataset's n_classes ({n_classes}) "
+                f"when pruning, got {self.prune_keep}"
+            )
+
+
+@dataclass
+class AutoregressiveConfig(_GenerativeFit):
+    """Class-conditional causal transformer over quantised features: class score = Σ log p(token | prefix, y) + log prior."""
+
+    kind: str = _help("method family", "autoregressive")
+    bins: int = _help("quantisation bins per feature (the token vocabulary)", 16)
+    bin_edges: str = _help("bin edges per feature: quantile (train quantiles) | uniform (over the train range)", "quantile")
+    d_model: int = _help("transformer width", 32)
+    layers: int = _help("transformer blocks", 2)
+    heads: int = _help("attention heads (must divide d_model)", 2)
+    ff: int = _help("hidden width of each block's MLP", 64)
+
+    def check(self, c: _Checks) -> None:
+        super().check(c)
+        c.require(self.bins >= 2, "bins", f"must be >= 2, got {self.bins}")
+        c.choice(self.bin_edges, "bin_edges", ["quantile", "uniform"])
+        c.require(self.d_model >= 1, "d_model", f"must be >= 1, got {self.d_model}")
+        c.require(self.layers >= 1, "layers", f"must be >= 1, got {self.layers}")
+        c.require(self.heads >= 1 and self.d_model % max(self.heads, 1) == 0, "heads",
+                  f"must be >= 1 and divide d_model={self.d_model}, got {self.heads}")
+        c.require(self.ff >= 1, "ff", f"must be >= 1, got {self.ff}")
+
+
 METHOD_SCHEMAS: dict[str, type] = {"erm": ErmConfig, "groupdro": GroupDROConfig, "lda": LDAConfig}
+METHOD_SCHEMAS.update(reweight=ReweightConfig, jtt=JTTConfig, probe=ProbeConfig, dfr=DFRConfig)
+METHOD_SCHEMAS.update(qda=QDAConfig, diffusion=DiffusionConfig, autoregressive=AutoregressiveConfig)
 
 
 @dataclass
@@ -220,6 +558,17 @@ class DistillConfig:
 
 
 @dataclass
+class TrainConfig:
+    """Checkpoints of the minibatch training loop (scratch/checkpoints/<stage>/); outputs never depend on them."""
+
+    checkpoint_every: int = _help("write a resumable checkpoint every N epochs (0 = only on SIGINT/SIGTERM)", 1)
+    resume: bool = _help("resume from the latest valid checkpoint of the same stage, params and code", True)
+
+    def check(self, c: _Checks) -> None:
+        c.non_negative(self.checkpoint_every, "checkpoint_every")
+
+
+@dataclass
 class ValidateConfig:
     """Great Expectations suite thresholds."""
 
@@ -239,10 +588,69 @@ class EvaluateConfig:
 
     ece_bins: int = _help("equal-width confidence bins for ECE and the reliability curve", 15)
     batch_size: int = _help("examples scored per forward pass", 2048)
+    bootstrap_resamples: int = _help("bootstrap resamples for 95% intervals and paired tests (0 = none)", 1000)
+    bootstrap_seed: int = _help("seed of the bootstrap resampling", 0)
+    shift_steps: int = _help("points of the shift curve, training agreement to fully reversed", 11)
+    shift_regenerate_n: int = _help("examples drawn per shift step for generated datasets (0 = off)", 1000)
 
     def check(self, c: _Checks) -> None:
         c.require(self.ece_bins >= 1, "ece_bins", f"must be >= 1, got {self.ece_bins}")
         c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.non_negative(self.bootstrap_resamples, "bootstrap_resamples")
+        c.require(self.shift_steps >= 2, "shift_steps", f"must be >= 2, got {self.shift_steps}")
+        c.require(
+            self.shift_regenerate_n == 0 or self.shift_regenerate_n >= 8,
+            "shift_regenerate_n",
+            f"must be 0 or >= 8, got {self.shift_regenerate_n}",
+        )
+
+
+PHASE_KNOBS = ("sigma", "spurious_scale", "rho_train", "d_noise", "n_train")
+
+
+@dataclass
+class PhasePanel:
+    """One heatmap of the phase diagram: two gaussian_shortcut knobs on the axes."""
+
+    x: str = _help("knob on the x axis (one of PHASE_KNOBS)", "n_train")
+    x_values: list[float] = _help("values of the x knob", [])
+    y: str = _help("knob on the y axis (one of PHASE_KNOBS)", "spurious_scale")
+    y_values: list[float] = _help("values of the y knob", [])
+
+
+@dataclass
+class PhaseConfig:
+    """experiment=toy_phase_diagram: lda vs logistic regression over gaussian_shortcut knobs.
+
+    Every panel sweeps two knobs with the others at `base`; no panels = nothing to compute.
+    """
+
+    panels: list[PhasePanel] = field(default_factory=list, metadata={"help": "heatmaps to compute (empty = none)"})
+    base: GaussianShortcutConfig = field(default_factory=GaussianShortcutConfig, metadata={"help": "the other knobs"})
+    seeds: list[int] = _help("data/training seeds per cell; the cell reports the mean", [0])
+    shrinkage: float = _help("LDA covariance shrinkage", 0.1)
+    lr: float = _help("logistic regression: Adam learning rate", 0.01)
+    epochs: int = _help("logistic regression: epochs", 30)
+    batch_size: int = _help("logistic regression: minibatch size", 128)
+    weight_decay: float = _help("logistic regression: AdamW weight decay", 0.0)
+    selection: str = _help("logistic regression: checkpoint selection", "val_avg")
+
+    def check(self, c: _Checks) -> None:
+        for i, p in enumerate(self.panels):
+            for axis in ("x", "y"):
+                c.choice(getattr(p, axis), f"panels[{i}].{axis}", PHASE_KNOBS)
+                c.require(len(getattr(p, f"{axis}_values")) >= 1, f"panels[{i}].{axis}_values", "must not be empty")
+            c.require(p.x != p.y, f"panels[{i}]", f"x and y must be different knobs, both are '{p.x}'")
+        base = _Checks()
+        self.base.check(base)
+        c.errors += [(f"base.{k}", m) for k, m in base.errors]
+        c.require(len(self.seeds) >= 1, "seeds", "must not be empty")
+        c.prob(self.shrinkage, "shrinkage")
+        c.positive(self.lr, "lr")
+        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.non_negative(self.weight_decay, "weight_decay")
+        c.choice(self.selection, "selection", SELECTIONS)
 
 
 @dataclass
@@ -365,7 +773,7 @@ def check_all(params: DictConfig) -> RunConfig:
         dataset_config(params, name)
     for name in run.methods:
         method_config(params, name)
-    for key, schema in (("pretrain", PretrainConfig), ("distill", DistillConfig), ("validate", ValidateConfig), ("evaluate", EvaluateConfig)):
+    for key, schema in (("pretrain", PretrainConfig), ("distill", DistillConfig), ("train", TrainConfig), ("validate", ValidateConfig), ("evaluate", EvaluateConfig), ("phase", PhaseConfig)):
         section(params, key, schema)
     return run
 
@@ -396,7 +804,7 @@ def stage_main(
     `run(params, *positionals)` returns the summary line. Config and artifact errors
     print one clear line on stderr and exit 2 without a traceback.
     """
-    from stages.io import ArtifactError
+    from stages.io import ArtifactError, StageInterrupted
 
     parser = argparse.ArgumentParser(
         prog=f"python -m stages.{name}",
@@ -415,6 +823,12 @@ def stage_main(
     except (ConfigError, ArtifactError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except StageInterrupted as e:  # stopped cleanly, resumable (see stages/checkpoint.py)
+        print(f"{name}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; every output is written atomically, so none is half-written", file=sys.stderr)
+        return 130
     print(f"{name}: {summary}")
     return 0
 
@@ -422,9 +836,25 @@ def stage_main(
 def compose(config_dir: str | Path = "conf", output: str | Path = PARAMS, overrides: Sequence[str] = ()) -> Path:
     """Compose conf/ into params.yaml exactly as `dvc exp run` does (DVC's own function)."""
     from dvc.utils.hydra import compose_and_dump
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
-    compose_and_dump(Path(output), str(Path(config_dir).resolve()), None, "config", str(Path.cwd()), list(overrides))
+    try:
+        compose_and_dump(Path(output), str(Path(config_dir).resolve()), None, "config", str(Path.cwd()), list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(f"{config_dir}/ with overrides {list(overrides)}: {_one_line(e)}") from None
     return Path(output)
+
+
+def _one_line(e: Exception) -> str:
+    """A Hydra error on one line: its message and the options it lists, without the search path."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    keep = []
+    for ln in lines:
+        if ln.startswith("Config search path"):
+            break
+        keep.append(ln)
+    return " ".join(keep) or type(e).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -435,7 +865,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "compose":
-            print(f"config: wrote {compose(overrides=args.overrides)}")
+            print(f"config: wrote {compose(output=args.params, overrides=args.overrides)}")
             return 0
         params = load_params(args.params, args.overrides)
         run = check_all(params)

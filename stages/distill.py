@@ -9,7 +9,10 @@ student MLPClassifier (section `distill` of params.yaml) on
     alpha · T² · KL(softmax(teacher / T) ‖ softmax(student / T)) + (1 − alpha) · CE(student, y)
 
 with the shared training loop and checkpoint selection. Writes the student's model folder
-data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher.
+data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher
+(`teacher`, `teacher_kind`) and carries both inference costs (`inference_cost` of the
+student, `teacher_inference_cost`; see stages.models.inference_cost) for the report.
+Any trained model is a valid teacher: only its `logits` on train are used.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ def distill(
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
-    teacher_logits = teacher.logits(train.x.numpy())
-    if teacher_logits.shape != (len(train), prepared.n_classes):
+    teacher_logits = np.asarray(teacher.logits(train.x.numpy()))
+    if teacher_logits.shape != (len(train), prepared.n_classes) or not np.isfinite(teacher_logits).all():
         from stages.io import ArtifactError
 
-        raise ArtifactError(f"teacher gives logits of shape {teacher_logits.shape}, expected {(len(train), prepared.n_classes)}")
+        what = "non-finite logits" if teacher_logits.shape == (len(train), prepared.n_classes) else f"logits of shape {teacher_logits.shape}"
+        raise ArtifactError(f"teacher ({teacher.kind}) gives {what} on train, expected finite {(len(train), prepared.n_classes)}")
     train.extra["teacher"] = torch.from_numpy(np.ascontiguousarray(teacher_logits, dtype=np.float32))
     in_dim = prepared.x.shape[1]
     student = MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, Standardize(in_dim).fit(train.x))
@@ -62,7 +66,8 @@ def distill(
 def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
     from stages.artifacts import model_dir, prepared_path
     from stages.io import ArtifactError
-    from stages.models import WEIGHTS, load_model, save_model
+    from stages.models import WEIGHTS, inference_cost, load_model, save_model
+    from stages.models.robust import selection_summary
     from stages.models.training import read_prepared_input
 
     seed_i = parse_seed(seed)
@@ -84,11 +89,13 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         "seed": seed_i,
         "teacher": teacher,
         "teacher_kind": teacher_model.kind,
+        "teacher_inference_cost": inference_cost(teacher_model),
         "config": dataclasses.asdict(cfg),
         "architecture": student.arch(),
         "prepared": str(prepared_path(dataset)),
         "selection": cfg.selection,
         "selected_epoch": result.selected_epoch,
+        "selections": selection_summary(result.history),
         "metrics": result.selected_metrics,
     }
     save_model(out, student, record, result.history)

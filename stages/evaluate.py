@@ -3,9 +3,12 @@
     python -m stages.evaluate <dataset> <model> <seed> [evaluate.ece_bins=20]
 
 Reads data/prepared/<dataset>.parquet and data/models/<dataset>/<model>/seed=<k>/, writes
-data/predictions/<dataset>/<model>/seed=<k>.parquet (the full per-example record),
-data/metrics/<dataset>/<model>/seed=<k>.json (definitions: docs/metrics.md) and
-data/plots/<dataset>/<model>/seed=<k>/{reliability,groups}.json for `dvc plots show`.
+data/predictions/<dataset>/<model>/seed=<k>.parquet (the full per-example record; plus a
+`loglik` column when the model is a density model exposing `log_likelihood`),
+data/metrics/<dataset>/<model>/seed=<k>.json (definitions: docs/metrics.md: per split
+metrics with bootstrap intervals and per-group confusion, the shift summary and the
+model's inference cost) and data/plots/<dataset>/<model>/seed=<k>/{reliability,groups,
+shift_curve}.json for `dvc plots show` and the report. Nothing written depends on timing.
 """
 
 from __future__ import annotations
@@ -30,14 +33,45 @@ from stages.artifacts import (
 from stages.config import EvaluateConfig, describe, section, stage_main, student_name
 from stages.io import ArtifactError, numpy_to_fixed_list, read_json, write_json, write_parquet
 from stages.metrics import group_proportions, predictions, split_metrics
+from stages.shift import reweighted_curve, shift_axis
 
 # Splits whose reliability curve is plotted: the two test distributions being compared.
 PLOTTED_SPLITS = ("test_id", "test_ood")
+# The shift curve pools both test splits (see stages/shift.py).
+POOLED_SPLITS = ("test_id", "test_ood")
 STUDENT_SUFFIX = student_name("")
+# Bootstrap streams: [bootstrap_seed, index]; splits use their SPLITS index, the shift curve this.
+SHIFT_STREAM = len(SPLITS)
+LOGLIK_COLUMN = "loglik"
+# Examples scored under torch's FLOP counter to measure a model's inference cost.
+COST_SAMPLE = 64
+
+
+def with_loglik(schema: pa.Schema) -> pa.Schema:
+    """The predictions schema plus the optional float32 `loglik` column of density models."""
+    return schema.append(pa.field(LOGLIK_COLUMN, pa.float32(), nullable=False))
+
+
+def loglik_summary(loglik: np.ndarray, g: np.ndarray, n_groups: int) -> dict[str, Any]:
+    """{mean, groups: {g: mean or None}} of per-example log-likelihoods (float64 arithmetic)."""
+    ll = np.asarray(loglik, dtype=np.float64)
+    n = np.bincount(g, minlength=n_groups)
+    sums = np.bincount(g, weights=ll, minlength=n_groups)
+    return {
+        "mean": float(ll.mean()),
+        "groups": {str(i): (float(sums[i] / n[i]) if n[i] else None) for i in range(n_groups)},
+    }
 
 
 def evaluate_predictions(
-    prepared: Prepared, logits: np.ndarray, ece_bins: int, source: str = "prepared data"
+    prepared: Prepared,
+    logits: np.ndarray,
+    ece_bins: int,
+    source: str = "prepared data",
+    bootstrap_resamples: int = 0,
+    bootstrap_seed: int = 0,
+    shift_steps: int = 11,
+    loglik: np.ndarray | None = None,
 ) -> tuple[pa.Table, dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Predictions table, metrics and plot rows of one model's logits on every prepared row.
 
@@ -47,12 +81,19 @@ def evaluate_predictions(
             cast to float32 first, so the metrics are exactly those of the stored logits.
         ece_bins: equal-width confidence bins for ECE and the reliability curve.
         source: names the input in error messages (the prepared file's path).
+        bootstrap_resamples, bootstrap_seed: 95% intervals (0 resamples = none); split i
+            of SPLITS resamples with seed [bootstrap_seed, i], the shift curve with
+            [bootstrap_seed, SHIFT_STREAM].
+        shift_steps: points of the reweighted shift curve.
+        loglik: optional (n_rows,) log p(x) of a density model, stored as column `loglik`
+            (float32) and summarised per split and group.
 
     Returns:
-        (table, metrics, plots): `table` follows `predictions_schema(n_classes)`; `metrics`
-        has dataset, n_classes, n_attrs, ece_bins, `splits` (split_metrics without the
-        reliability curve) and top-level test_id/test_ood shortcuts; `plots` maps
-        "reliability" and "groups" to lists of flat records.
+        (table, metrics, plots): `table` follows `predictions_schema(n_classes)` (plus
+        `loglik`); `metrics` has dataset, n_classes, n_attrs, ece_bins, bootstrap, `splits`
+        (split_metrics without the reliability curve), `shift` (the reweighted curve's
+        summary) and top-level test_id/test_ood shortcuts; `plots` maps "reliability",
+        "groups" and "shift_curve" to lists of flat records.
     """
     k = prepared.n_classes
     n_groups = prepared.n_groups
@@ -71,27 +112,58 @@ def evaluate_predictions(
         if not prepared.mask(split).any():
             raise ArtifactError(f"{source}: split '{split}' has no rows")
 
+    if loglik is not None:
+        loglik = np.asarray(loglik, dtype=np.float32)
+        if loglik.shape != (len(prepared.id),) or not np.isfinite(loglik).all():
+            raise ArtifactError(
+                f"{source}: model's log_likelihood must be finite with shape ({len(prepared.id)},), got {loglik.shape}"
+            )
+
     train_props = group_proportions(prepared.g[prepared.mask("train")], n_groups)
     per_split = {}
-    for split in SPLITS:
+    for index, split in enumerate(SPLITS):
         m = prepared.mask(split)
         try:
             per_split[split] = split_metrics(
-                logits[m], prepared.y[m], prepared.g[m], n_groups, train_props, ece_bins
+                logits[m],
+                prepared.y[m],
+                prepared.g[m],
+                n_groups,
+                train_props,
+                ece_bins,
+                bootstrap_resamples=bootstrap_resamples,
+                bootstrap_seed=[bootstrap_seed, index],
             )
         except ValueError as e:
             raise ArtifactError(f"{source}: split '{split}': {e}") from e
+        if loglik is not None:
+            per_split[split]["loglik"] = loglik_summary(loglik[m], prepared.g[m], n_groups)
 
-    table = pa.table(
-        {
-            "id": pa.array(prepared.id, pa.int64()),
-            "split": pa.array(prepared.split.tolist(), pa.string()),
-            "y": pa.array(prepared.y, pa.int64()),
-            "a": pa.array(prepared.a, pa.int64()),
-            "g": pa.array(prepared.g, pa.int64()),
-            "logits": numpy_to_fixed_list(logits),
-            "pred": pa.array(predictions(logits), pa.int64()),
-        }
+    pred = predictions(logits)
+    columns = {
+        "id": pa.array(prepared.id, pa.int64()),
+        "split": pa.array(prepared.split.tolist(), pa.string()),
+        "y": pa.array(prepared.y, pa.int64()),
+        "a": pa.array(prepared.a, pa.int64()),
+        "g": pa.array(prepared.g, pa.int64()),
+        "logits": numpy_to_fixed_list(logits),
+        "pred": pa.array(pred, pa.int64()),
+    }
+    if loglik is not None:
+        columns[LOGLIK_COLUMN] = pa.array(loglik, pa.float32())
+    table = pa.table(columns)
+
+    train = prepared.mask("train")
+    pool = np.isin(prepared.split, POOLED_SPLITS)
+    axis = shift_axis(prepared.y[train], prepared.a[train], k, shift_steps)
+    curve, shift = reweighted_curve(
+        pred[pool] == prepared.y[pool],
+        prepared.y[pool],
+        prepared.a[pool],
+        axis,
+        prepared.n_attrs,
+        bootstrap_resamples,
+        [bootstrap_seed, SHIFT_STREAM],
     )
 
     splits = {
@@ -102,6 +174,8 @@ def evaluate_predictions(
         "n_classes": k,
         "n_attrs": prepared.n_attrs,
         "ece_bins": ece_bins,
+        "bootstrap": {"resamples": bootstrap_resamples, "seed": bootstrap_seed, "level": 0.95},
+        "shift": {**shift, "steps": shift_steps, "pooled_splits": list(POOLED_SPLITS)},
         "splits": splits,
         "test_id_acc": splits["test_id"]["acc"],
         "test_ood_acc": splits["test_ood"]["acc"],
@@ -119,7 +193,63 @@ def evaluate_predictions(
         for gi, r in per_split[s]["groups"].items()
         if r["n"]
     ]
-    return table, metrics, {"reliability": reliability_rows, "groups": group_rows}
+    group_rows = [{key: v for key, v in r.items() if key != "pred"} for r in group_rows]
+    shift_rows = [{"route": "reweight", **r} for r in curve]
+    return table, metrics, {"reliability": reliability_rows, "groups": group_rows, "shift_curve": shift_rows}
+
+
+def _mac_counter() -> Any:
+    """A torch function mode that adds up multiply-adds of the matrix products it sees."""
+    import math
+
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def shape(t: Any) -> tuple[int, ...]:
+        return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+    class MacCounter(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.macs = 0
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            name = getattr(func, "__name__", "")
+            if name == "linear":
+                x, w = shape(args[0]), shape(args[1])
+                self.macs += math.prod(x[:-1]) * w[0] * w[1]
+            elif name in ("matmul", "mm", "bmm", "__matmul__", "__rmatmul__", "addmm", "baddbmm"):
+                a = shape(args[1] if name in ("addmm", "baddbmm") else args[0])
+                if name == "__rmatmul__":
+                    a = shape(args[1])
+                self.macs += math.prod(shape(out)) * (a[-1] if a else 1)
+            elif name == "linalg_solve_triangular":
+                a, b = shape(args[0]), shape(args[1])
+                self.macs += a[-1] * math.prod(b) // 2  # forward substitution: m²/2 per column
+            elif name in ("conv1d", "conv2d", "conv3d"):
+                self.macs += math.prod(shape(out)) * math.prod(shape(args[1])[1:])
+            return out
+
+    return MacCounter()
+
+
+def inference_cost(classifier: Any, x: np.ndarray, batch_size: int) -> dict[str, Any] | None:
+    """Deterministic inference cost: stored numbers and multiply-adds per example.
+
+    `parameters` counts every value of the model's state_dict (weights, biases and buffers
+    such as LDA's means and covariance). `macs_per_example` adds up the multiply-adds of the
+    matrix products (linear layers, matmul, convolutions, triangular solves) torch executes
+    while scoring `x`, divided by len(x); elementwise operations are not counted. None for
+    a model that is not a torch module.
+    """
+    state_dict = getattr(classifier, "state_dict", None)
+    if not callable(state_dict) or len(x) == 0:
+        return None
+    with _mac_counter() as counter:
+        classifier.logits(x, batch_size=batch_size)
+    n_values = sum(int(t.numel()) for t in state_dict().values())
+    return {"parameters": n_values, "macs_per_example": counter.macs / len(x)}
 
 
 def producing_stage(dataset: str, model: str, seed: int) -> str:
@@ -157,6 +287,43 @@ def model_info(model_path: Path) -> dict[str, Any]:
     return {key: value for key, value in info.items() if value is not None}
 
 
+def regenerated_shift(
+    prepared: Prepared, classifier: Any, reweighted: list[dict[str, Any]], cfg: EvaluateConfig
+) -> list[dict[str, Any]]:
+    """The regenerate route's plot rows for a `gaussian_shortcut` dataset (else none).
+
+    Uses the generator config stored in the prepared file's metadata and the reweighted
+    curve's agreement rates, so both routes share one x axis.
+    """
+    if prepared.meta.get("kind") != "gaussian_shortcut" or cfg.shift_regenerate_n == 0:
+        return []
+    from stages.config import GaussianShortcutConfig
+    from stages.shift import regenerated_curve
+
+    params = prepared.meta.get("params")
+    if not isinstance(params, dict):
+        raise ArtifactError("prepared gaussian_shortcut file lacks its generator 'params' metadata")
+    try:
+        gen_cfg = GaussianShortcutConfig(**params)
+    except TypeError as e:
+        raise ArtifactError(f"prepared gaussian_shortcut file: generator params do not fit the schema ({e})") from e
+    rows = regenerated_curve(
+        gen_cfg,
+        lambda x: classifier.logits(x, batch_size=cfg.batch_size),
+        [r["rho"] for r in reweighted],
+        cfg.shift_regenerate_n,
+    )
+    return [
+        {
+            "route": "regenerate",
+            "t": reweighted[r["step"]]["t"],
+            **r,
+            **dict.fromkeys(("acc_lo", "acc_hi", "worst_group_acc_lo", "worst_group_acc_hi")),
+        }
+        for r in rows
+    ]
+
+
 def run(params: Any, dataset: str, model: str, seed: str) -> str:
     """Load the model and prepared data, score every row, write predictions, metrics and plots."""
     seed_int = int(seed)
@@ -179,22 +346,36 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
             f"{mdir}: model has {classifier.n_classes} classes, {prepared_file} has {prepared.n_classes}"
         )
     logits = classifier.logits(prepared.x, batch_size=cfg.batch_size)
+    loglik_fn = getattr(classifier, "log_likelihood", None)
+    loglik = loglik_fn(prepared.x) if callable(loglik_fn) else None
     table, metrics, plots = evaluate_predictions(
-        prepared, logits, cfg.ece_bins, source=str(prepared_file)
+        prepared,
+        logits,
+        cfg.ece_bins,
+        source=str(prepared_file),
+        bootstrap_resamples=cfg.bootstrap_resamples,
+        bootstrap_seed=cfg.bootstrap_seed,
+        shift_steps=cfg.shift_steps,
+        loglik=loglik,
     )
+    regenerate = regenerated_shift(prepared, classifier, plots["shift_curve"], cfg)
+    cost = inference_cost(classifier, prepared.subset("test_id").x[:COST_SAMPLE], cfg.batch_size)
 
     identity = {"dataset": dataset, "model": model, "seed": seed_int}
+    schema = predictions_schema(prepared.n_classes)
     write_parquet(
         table,
         predictions_path(dataset, model, seed_int),
-        predictions_schema(prepared.n_classes),
+        with_loglik(schema) if loglik is not None else schema,
         metadata={**identity, "n_classes": prepared.n_classes, "n_attrs": prepared.n_attrs},
     )
     out = metrics_path(dataset, model, seed_int)
-    write_json({**metrics, **identity, "model_config": model_info(mdir)}, out)
+    extra = {"cost": cost} if cost is not None else {}
+    write_json({**metrics, **identity, **extra, "model_config": model_info(mdir)}, out)
     pdir = plots_dir(dataset, model, seed_int)
     write_json(plots["reliability"], pdir / "reliability.json")
     write_json(plots["groups"], pdir / "groups.json")
+    write_json(plots["shift_curve"] + regenerate, pdir / "shift_curve.json")
     return (
         f"evaluated {model} on {dataset} seed {seed_int}: test_id acc {metrics['test_id_acc']:.3f}, "
         f"test_ood acc {metrics['test_ood_acc']:.3f}, worst-group {metrics['test_ood_worst_group_acc']:.3f} -> {out}"

@@ -7,8 +7,12 @@ fsync, rename), and every read names the file and the column when it does not ma
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
+import shutil
+import signal
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,18 +28,93 @@ class ArtifactError(Exception):
     """An input file is missing, corrupt or does not follow the artifact contract."""
 
 
+class StageInterrupted(Exception):
+    """A stage stopped on SIGINT/SIGTERM after saving what it needs to resume; `exit_code` is 128+signal."""
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ---- temp files of atomic writes ----------------------------------------------------------------
+#
+# A file or folder being written lives beside its target as `.<name>.<pid>.<random>.tmp` until
+# it is renamed into place. A killed writer leaves it behind: it is never an output (the name
+# differs, and .dvcignore hides `.*.tmp` from DVC's hashing of folders), and the next write of
+# the same target deletes it once its pid no longer runs.
+
+_STALE = re.compile(r"(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp|old-(?P<old>\d+)")
+
+
+def temp_prefix(path: Path) -> str:
+    """Name prefix of the temp file/folder that stands in for `path` while it is written."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def sweep_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Delete temps left beside `path` by writers that no longer run (a killed stage); returns them."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    removed = []
+    for entry in path.parent.glob(f".{glob.escape(path.name)}.*"):
+        m = _STALE.fullmatch(entry.name[len(path.name) + 2 :])
+        if m is None or _running(int(m.group("pid") or m.group("old"))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+FAULT_ENV = "SHIFTLAB_FAULT"
+_FAULT_SIGNALS = {"kill": signal.SIGKILL, "interrupt": signal.SIGINT, "term": signal.SIGTERM}
+
+
+def fault_point(event: str, value: object) -> None:
+    """Test-only fault injection: signal this process at a named point when SHIFTLAB_FAULT asks.
+
+    SHIFTLAB_FAULT is a comma-separated list of `<action>_<event>:<value>`, action one of
+    kill (SIGKILL), interrupt (SIGINT), term (SIGTERM). Events: `before_rename:<file name>`
+    (an atomic write is complete but not yet renamed into place) and `after_epoch:<n>`
+    (training finished epoch n and wrote its checkpoint if one was due). Unset: a no-op.
+    """
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    for item in spec.split(","):
+        name, _, want = item.strip().partition(":")
+        action, _, ev = name.partition("_")
+        if ev == event and want == str(value) and action in _FAULT_SIGNALS:
+            os.kill(os.getpid(), _FAULT_SIGNALS[action])
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it over `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sweep_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
+        fault_point("before_rename", path.name)
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -64,6 +143,83 @@ def write_parquet(
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20, write_statistics=True)
     return path
+
+
+class ParquetStream:
+    """Appends tables to an open Parquet file in row groups; made by `write_parquet_stream`."""
+
+    def __init__(self, writer: pq.ParquetWriter, schema: pa.Schema, path: Path, row_group_size: int) -> None:
+        self._writer, self.schema, self.path, self.row_group_size = writer, schema, path, row_group_size
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self.num_rows = 0
+
+    def write(self, table: pa.Table) -> None:
+        """Append rows (any number); they go out in row groups of exactly `row_group_size` rows."""
+        try:
+            table = table.select(self.schema.names).cast(self.schema)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ArtifactError(f"{self.path}: table does not fit the schema: {e}") from e
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self.num_rows += table.num_rows
+        while self._pending_rows >= self.row_group_size:
+            self._flush(self.row_group_size)
+
+    def _flush(self, n: int) -> None:
+        # Row groups depend only on the rows written, never on how they were batched, so
+        # the file is byte-identical however many workers produced them.
+        merged = pa.concat_tables(self._pending)
+        self._writer.write_table(merged.slice(0, n), row_group_size=n)
+        rest = merged.slice(n)
+        self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def close(self, metadata: Mapping[str, Any] | None) -> None:
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        if self.num_rows == 0:  # an empty file still gets its schema
+            self._writer.write_table(self.schema.empty_table())
+        if metadata:
+            self._writer.add_key_value_metadata(
+                {str(k): json.dumps(v, sort_keys=True) for k, v in sorted(metadata.items())}
+            )
+        self._writer.close()
+
+
+@contextmanager
+def write_parquet_stream(
+    path: str | os.PathLike[str],
+    schema: pa.Schema,
+    row_group_size: int = 4096,
+    column_encoding: Mapping[str, str] | None = None,
+) -> Iterator[tuple[ParquetStream, dict[str, Any]]]:
+    """Write a Parquet file incrementally, atomically: yields (stream, metadata dict).
+
+    Call `stream.write(table)` as rows become ready, so a dataset larger than memory never
+    has to be held at once; fill the yielded dict with file metadata as you learn it (it is
+    written, as sorted JSON values like `write_parquet`, when the block ends). The file
+    appears at `path` only if the block succeeds. `column_encoding` maps Parquet column paths
+    to an encoding (e.g. {"x.list.element": "BYTE_STREAM_SPLIT"} for uint8 pixels, which
+    Parquet stores as 4-byte ints: split into byte streams they compress ~2x faster).
+    """
+    path = Path(path)
+    metadata: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if column_encoding:
+        encoded = {key.split(".")[0] for key in column_encoding}
+        options = {
+            "column_encoding": dict(column_encoding),
+            "use_dictionary": [name for name in schema.names if name not in encoded],
+        }
+    with atomic_path(path) as tmp:
+        writer = pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=True, **options)
+        stream = ParquetStream(writer, schema, path, row_group_size)
+        try:
+            yield stream, metadata
+        except BaseException:
+            writer.close()
+            raise
+        stream.close(metadata)
 
 
 def read_parquet(
@@ -106,7 +262,8 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The file-level key/value metadata written by `write_parquet`, JSON-decoded."""
     path = Path(path)
     try:
-        raw = pq.read_schema(path).metadata or {}
+        # The footer's key/value list: it also holds what `ParquetStream` adds at close.
+        raw = pq.read_metadata(path).metadata or {}
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{path}: not a readable Parquet file ({e})") from e
     out: dict[str, Any] = {}

@@ -17,6 +17,7 @@ Conventions, all deliberate:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,8 @@ def split_metrics(
     n_groups: int,
     train_group_props: np.ndarray,
     ece_bins: int,
+    bootstrap_resamples: int = 0,
+    bootstrap_seed: int | Sequence[int] = 0,
 ) -> dict[str, Any]:
     """Every metric of one split, as JSON-ready Python values (see docs/metrics.md).
 
@@ -137,9 +140,13 @@ def split_metrics(
         train_group_props: (n_groups,) fraction of the *train* split in each group,
             the weights of `avg_acc_weighted`.
         ece_bins: number of equal-width confidence bins.
+        bootstrap_resamples, bootstrap_seed: with resamples > 0, also 95% percentile
+            bootstrap intervals `acc_ci` and `worst_group_acc_ci` (see `bootstrap_ci`).
 
     Returns a dict with n, acc, worst_group_acc, avg_acc_weighted, balanced_acc, ece, nll,
-    brier, groups {str(g): {n, acc}} and reliability (per-bin list).
+    brier, confusion (K × K, rows true, columns predicted), groups {str(g): {n, acc, pred}}
+    (pred: counts of each predicted class in the group), reliability (per-bin list) and,
+    with the bootstrap, acc_ci and worst_group_acc_ci.
     """
     logits = np.asarray(logits)
     y = np.asarray(y, dtype=np.int64)
@@ -165,7 +172,8 @@ def split_metrics(
     group_n, group_acc = group_accuracies(correct, g, n_groups)
     present = group_n > 0
     bins = reliability(confidence, correct, ece_bins)
-    return {
+    pred_counts = group_prediction_counts(pred, g, n_groups, k)
+    out: dict[str, Any] = {
         "n": int(n),
         "acc": float(correct.mean()),
         "worst_group_acc": float(group_acc[present].min()),
@@ -174,12 +182,22 @@ def split_metrics(
         "ece": expected_calibration_error(bins),
         "nll": float(-logp[rows, y].mean()),
         "brier": float(((p - onehot) ** 2).sum(axis=1).mean()),
+        "confusion": confusion_matrix(y, pred, k).tolist(),
         "groups": {
-            str(i): {"n": int(group_n[i]), "acc": float(group_acc[i]) if present[i] else None}
+            str(i): {
+                "n": int(group_n[i]),
+                "acc": float(group_acc[i]) if present[i] else None,
+                "pred": pred_counts[i].tolist(),
+            }
             for i in range(n_groups)
         },
         "reliability": bins,
     }
+    if bootstrap_resamples > 0:
+        ci = bootstrap_ci(correct, g, n_groups, bootstrap_resamples, bootstrap_seed)
+        out["acc_ci"] = ci["acc"]
+        out["worst_group_acc_ci"] = ci["worst_group_acc"]
+    return out
 
 
 def group_proportions(g: np.ndarray, n_groups: int) -> np.ndarray:
@@ -188,3 +206,234 @@ def group_proportions(g: np.ndarray, n_groups: int) -> np.ndarray:
     if len(g) == 0:
         raise ValueError("no examples: group proportions of an empty split are undefined")
     return np.bincount(g, minlength=n_groups).astype(np.float64) / len(g)
+
+
+# ---- per-group confusion ----------------------------------------------------------------------
+
+
+def confusion_matrix(y: np.ndarray, pred: np.ndarray, n_classes: int) -> np.ndarray:
+    """(n_classes, n_classes) counts, rows = true class, columns = predicted class (int64)."""
+    y = np.asarray(y, dtype=np.int64)
+    pred = np.asarray(pred, dtype=np.int64)
+    flat = np.bincount(y * n_classes + pred, minlength=n_classes * n_classes)
+    return flat.reshape(n_classes, n_classes).astype(np.int64)
+
+
+def group_prediction_counts(
+    pred: np.ndarray, g: np.ndarray, n_groups: int, n_classes: int
+) -> np.ndarray:
+    """(n_groups, n_classes) counts of each predicted class within each group.
+
+    A group holds one true class (g = y · n_attrs + a), so row g is that class's row of the
+    group's confusion matrix.
+    """
+    g = np.asarray(g, dtype=np.int64)
+    pred = np.asarray(pred, dtype=np.int64)
+    flat = np.bincount(g * n_classes + pred, minlength=n_groups * n_classes)
+    return flat.reshape(n_groups, n_classes).astype(np.int64)
+
+
+# ---- bootstrap --------------------------------------------------------------------------------
+
+# Resamples are drawn in chunks so memory stays O(chunk · n) whatever the resample count.
+_BOOTSTRAP_CHUNK = 200
+
+
+def bootstrap_indices(n: int, resamples: int, seed: int | Sequence[int]) -> Iterator[np.ndarray]:
+    """Seeded per-example resampling: chunks of (≤200, n) row indices drawn with replacement.
+
+    The stream depends only on (n, resamples, seed), so anyone can redraw the same resamples.
+    """
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < resamples:
+        b = min(_BOOTSTRAP_CHUNK, resamples - done)
+        yield rng.integers(0, n, size=(b, n))
+        done += b
+
+
+def group_accuracy_rows(correct: np.ndarray, g: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `correct` (b, n) with groups `g` (b, n): counts and accuracies (b, n_groups).
+
+    Accuracy is NaN for a group with no example in the row.
+    """
+    b = correct.shape[0]
+    flat = (g + n_groups * np.arange(b)[:, None]).ravel()
+    n = np.bincount(flat, minlength=b * n_groups).reshape(b, n_groups)
+    hits = np.bincount(flat, weights=correct.ravel().astype(np.float64), minlength=b * n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = hits.reshape(b, n_groups) / n
+    return n, acc
+
+
+def _seed_mean_metrics(correct: np.ndarray, g: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(acc, worst-group acc) per row of a (b, S, n) stack, each averaged over the S seeds."""
+    b, s, n = correct.shape
+    acc = correct.mean(axis=2).mean(axis=1)
+    counts, gacc = group_accuracy_rows(correct.reshape(b * s, n), np.repeat(g, s, axis=0), n_groups)
+    gacc = np.where(counts > 0, gacc, np.inf)
+    wga = gacc.min(axis=1).reshape(b, s).mean(axis=1)
+    return acc, wga
+
+
+def _as_seeds(correct: np.ndarray) -> np.ndarray:
+    c = np.asarray(correct, dtype=bool)
+    return c[None, :] if c.ndim == 1 else c
+
+
+def bootstrap_ci(
+    correct: np.ndarray,
+    g: np.ndarray,
+    n_groups: int,
+    resamples: int,
+    seed: int | Sequence[int],
+    level: float = 0.95,
+) -> dict[str, list[float]]:
+    """Percentile bootstrap intervals for accuracy and worst-group accuracy.
+
+    Args:
+        correct: (n,) or (S, n) booleans; with S seeds of one model on the same examples,
+            each resample scores the seed-mean of the metric (one resample of examples
+            is shared by all seeds).
+        g: (n,) groups; worst-group accuracy of a resample is over the groups it contains.
+        resamples, seed: the resampling (see `bootstrap_indices`).
+        level: central coverage of the interval.
+
+    Returns {"acc": [lo, hi], "worst_group_acc": [lo, hi]}.
+    """
+    c = _as_seeds(correct)
+    g = np.asarray(g, dtype=np.int64)
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    accs, wgas = [], []
+    for idx in bootstrap_indices(c.shape[1], resamples, seed):
+        acc, wga = _seed_mean_metrics(c[:, idx].transpose(1, 0, 2), g[idx], n_groups)
+        accs.append(acc)
+        wgas.append(wga)
+    return {
+        "acc": percentile_interval(np.concatenate(accs), level),
+        "worst_group_acc": percentile_interval(np.concatenate(wgas), level),
+    }
+
+
+def percentile_interval(values: np.ndarray, level: float) -> list[float]:
+    """[lo, hi]: the (1 − level)/2 and (1 + level)/2 percentiles (numpy's linear interpolation)."""
+    tail = 100.0 * (1.0 - level) / 2.0
+    lo, hi = np.percentile(values, [tail, 100.0 - tail])
+    return [float(lo), float(hi)]
+
+
+def paired_bootstrap(
+    correct_a: np.ndarray,
+    correct_b: np.ndarray,
+    g: np.ndarray,
+    n_groups: int,
+    resamples: int,
+    seed: int | Sequence[int],
+    level: float = 0.95,
+) -> dict[str, dict[str, Any]]:
+    """Is model A better than model B on the same examples? A paired bootstrap of A − B.
+
+    `correct_a` / `correct_b`: (n,) or (S, n) booleans on the same n examples in the same
+    order (seeds averaged as in `bootstrap_ci`). Every resample of examples is scored for
+    both models, so the per-example pairing cancels the shared difficulty of examples.
+
+    Returns, for "acc" and "worst_group_acc": {diff, ci: [lo, hi], p_value, significant},
+    with diff the point estimate A − B, ci its percentile interval, p_value the two-sided
+    bootstrap p-value 2·min(P*(Δ ≤ 0), P*(Δ ≥ 0)) (capped at 1), and significant true
+    exactly when the interval excludes 0.
+    """
+    a, b = _as_seeds(correct_a), _as_seeds(correct_b)
+    g = np.asarray(g, dtype=np.int64)
+    if a.shape[1] != b.shape[1] or a.shape[1] != len(g):
+        raise ValueError(f"paired bootstrap needs the same examples: {a.shape[1]}, {b.shape[1]}, {len(g)}")
+    point_a = _seed_mean_metrics(a[None], g[None], n_groups)
+    point_b = _seed_mean_metrics(b[None], g[None], n_groups)
+    diffs: dict[str, list[np.ndarray]] = {"acc": [], "worst_group_acc": []}
+    for idx in bootstrap_indices(len(g), resamples, seed):
+        ma = _seed_mean_metrics(a[:, idx].transpose(1, 0, 2), g[idx], n_groups)
+        mb = _seed_mean_metrics(b[:, idx].transpose(1, 0, 2), g[idx], n_groups)
+        diffs["acc"].append(ma[0] - mb[0])
+        diffs["worst_group_acc"].append(ma[1] - mb[1])
+    out: dict[str, dict[str, Any]] = {}
+    for i, key in enumerate(("acc", "worst_group_acc")):
+        d = np.concatenate(diffs[key])
+        lo, hi = percentile_interval(d, level)
+        p = min(1.0, 2.0 * min(float((d <= 0).mean()), float((d >= 0).mean())))
+        out[key] = {
+            "diff": float(point_a[i][0] - point_b[i][0]),
+            "ci": [lo, hi],
+            "p_value": p,
+            "significant": bool(lo > 0 or hi < 0),
+        }
+    return out
+
+
+# ---- across seeds and across models --------------------------------------------------------
+
+
+def seed_summary(values: Sequence[float]) -> dict[str, Any]:
+    """{mean, sd, n} over seeds: arithmetic mean and sample sd (n − 1; None for one seed)."""
+    v = [float(x) for x in values]
+    if not v:
+        raise ValueError("no values to summarise")
+    mean = float(np.mean(v))
+    sd = float(np.std(v, ddof=1)) if len(v) > 1 else None
+    return {"mean": mean, "sd": sd, "n": len(v)}
+
+
+# Accuracies are clipped into [PROBIT_EPS, 1 − PROBIT_EPS] before the probit transform.
+PROBIT_EPS = 1e-4
+MIN_MODELS_FOR_ER = 3
+
+
+def probit(p: np.ndarray | float) -> np.ndarray:
+    """Φ⁻¹(p), the standard normal quantile, of accuracies clipped away from 0 and 1."""
+    from statistics import NormalDist
+
+    q = np.clip(np.asarray(p, dtype=np.float64), PROBIT_EPS, 1.0 - PROBIT_EPS)
+    inv = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
+    return inv(q)
+
+
+def normal_cdf(z: np.ndarray | float) -> np.ndarray:
+    """Φ(z)."""
+    from math import erf, sqrt
+
+    f = np.vectorize(lambda v: 0.5 * (1.0 + erf(v / sqrt(2.0))), otypes=[np.float64])
+    return f(np.asarray(z, dtype=np.float64))
+
+
+def probit_fit(id_acc: Sequence[float], ood_acc: Sequence[float]) -> tuple[float, float] | None:
+    """Least-squares line Φ⁻¹(ood) = intercept + slope · Φ⁻¹(id); None if the ID accuracies
+    are all equal (after clipping) or fewer than two points are given."""
+    x = probit(np.asarray(id_acc))
+    y = probit(np.asarray(ood_acc))
+    if len(x) < 2 or np.ptp(x) < 1e-12:
+        return None
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
+
+
+def effective_robustness(id_acc: Sequence[float], ood_acc: Sequence[float]) -> list[float | None]:
+    """Per model: OOD accuracy minus what its ID accuracy predicts from the *other* models.
+
+    The prediction is Φ(intercept + slope · Φ⁻¹(id_i)) with the line fitted by `probit_fit`
+    on every model but i (Taori et al. 2020; Miller et al. 2021). All None when there are
+    fewer than MIN_MODELS_FOR_ER models; None for a model whose leave-one-out fit is undefined.
+    """
+    ids = [float(v) for v in id_acc]
+    oods = [float(v) for v in ood_acc]
+    if len(ids) != len(oods):
+        raise ValueError(f"{len(ids)} ID accuracies but {len(oods)} OOD accuracies")
+    if len(ids) < MIN_MODELS_FOR_ER:
+        return [None] * len(ids)
+    out: list[float | None] = []
+    for i in range(len(ids)):
+        fit = probit_fit(ids[:i] + ids[i + 1 :], oods[:i] + oods[i + 1 :])
+        if fit is None:
+            out.append(None)
+            continue
+        predicted = float(normal_cdf(fit[0] + fit[1] * probit(ids[i])))
+        out.append(oods[i] - predicted)
+    return out

@@ -5,7 +5,9 @@
 Reads `dataset.<dataset>` from params.yaml, runs the generator its `kind` names
 (stages/datasets/), checks that every group appears in val, test_id and test_ood, and
 writes one row per example (id, split, y, a, g, x) with the generator's parameters in the
-file metadata. Same params => byte-identical file. See docs/datasets.md.
+file metadata. Same params => byte-identical file. Real benchmarks (`LOADERS` in
+stages/datasets/: waterbirds, celeba, camelyon17, civilcomments) read data/raw/<dataset>/
+instead and stream the file in row groups. See docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from omegaconf import DictConfig
 from stages import artifacts, io
 from stages.artifacts import SPLITS
 from stages.config import (
-    ColoredDigitsConfig,
+    DATASET_SCHEMAS,
     ConfigError,
-    GaussianShortcutConfig,
     dataset_config,
     describe,
     stage_main,
@@ -39,13 +40,25 @@ def group_ids(y: np.ndarray, a: np.ndarray, n_attrs: int) -> np.ndarray:
 
 
 def check_groups(
-    dataset: str, split: np.ndarray, y: np.ndarray, a: np.ndarray, n_classes: int, n_attrs: int
+    dataset: str,
+    split: np.ndarray,
+    y: np.ndarray,
+    a: np.ndarray,
+    n_classes: int,
+    n_attrs: int,
+    split_groups: dict[str, list[int]] | None = None,
 ) -> None:
-    """Raise ConfigError naming the split and group if any (y, a) group is absent from a held-out split."""
+    """Raise ConfigError naming the split and group if any (y, a) group is absent from a held-out split.
+
+    `split_groups` (metadata of domain-shift datasets) lists the groups each split can hold;
+    by default every split must hold every group.
+    """
     for name in HELD_OUT_SPLITS:
         in_split = split == name
         for yy in range(n_classes):
             for aa in range(n_attrs):
+                if split_groups is not None and yy * n_attrs + aa not in split_groups[name]:
+                    continue
                 if not np.any(in_split & (y == yy) & (a == aa)):
                     raise ConfigError(
                         f"dataset.{dataset}: split '{name}' has no example of group g={yy * n_attrs + aa} "
@@ -55,8 +68,9 @@ def check_groups(
 
 
 def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
-    """The prepared table (id, split, y, a, g, x) from a generator's columns."""
+    """The prepared table (id, split, y, a, g, x[, text]) from a generator's columns."""
     x = np.asarray(columns["x"], dtype=np.float32)
+    text = {"text": pa.array([str(s) for s in columns["text"]], type=pa.string())} if "text" in columns else {}
     return pa.table(
         {
             "id": pa.array(columns["id"], type=pa.int64()),
@@ -65,6 +79,7 @@ def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
             "a": pa.array(columns["a"], type=pa.int64()),
             "g": pa.array(group_ids(columns["y"], columns["a"], n_attrs), type=pa.int64()),
             "x": io.numpy_to_fixed_list(x),
+            **text,
         }
     )
 
@@ -74,6 +89,8 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
     from stages.datasets import GENERATORS
 
     columns, meta = GENERATORS[cfg.kind](cfg)
+    if "text" in columns:
+        meta = {**meta, "text": True}
     check_groups(
         dataset,
         np.asarray(columns["split"]),
@@ -81,6 +98,7 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
         columns["a"],
         meta["n_classes"],
         meta["n_attrs"],
+        meta.get("split_groups"),
     )
     ids = np.asarray(columns["id"])
     if len(np.unique(ids)) != len(ids):  # a generator bug, not a config problem
@@ -90,11 +108,15 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
 
 def run(params: DictConfig, dataset: str) -> str:
     """Write data/prepared/<dataset>.parquet; returns the summary line."""
+    from stages.datasets import LOADERS
+
     cfg = dataset_config(params, dataset)
+    if cfg.kind in LOADERS:  # real benchmarks: read data/raw/, stream the file in row groups
+        return LOADERS[cfg.kind](dataset, cfg, artifacts.prepared_path(dataset))
     table, meta = prepare(dataset, cfg)
     dim = int(np.prod(meta["shape"]))
     path = io.write_parquet(
-        table, artifacts.prepared_path(dataset), artifacts.prepared_schema(dim), meta
+        table, artifacts.prepared_path(dataset), artifacts.prepared_schema_for(meta), meta
     )
     splits = table.column("split").to_numpy(zero_copy_only=False)
     sizes = ", ".join(f"{s} {int((splits == s).sum())}" for s in SPLITS)
@@ -104,7 +126,7 @@ def run(params: DictConfig, dataset: str) -> str:
 
 def _help() -> str:
     return "\n\n".join(
-        describe(s, "dataset.<dataset>") for s in (GaussianShortcutConfig, ColoredDigitsConfig)
+        describe(s, "dataset.<dataset>") for s in DATASET_SCHEMAS.values()
     )
 
 

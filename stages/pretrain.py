@@ -38,8 +38,8 @@ class UnlabelledInputs:
 
 def read_inputs(dataset: str) -> UnlabelledInputs:
     """id, split and x of the prepared file — the label columns are never read."""
-    from stages.artifacts import prepared_path, prepared_schema
-    from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
+    from stages.artifacts import prepared_path, prepared_schema_for, x_to_float
+    from stages.io import ArtifactError, read_metadata, read_parquet
 
     path = prepared_path(dataset)
     if not path.is_file():
@@ -50,13 +50,12 @@ def read_inputs(dataset: str) -> UnlabelledInputs:
     meta = read_metadata(path)
     if "shape" not in meta:
         raise ArtifactError(f"{path}: file metadata lacks 'shape' (was it written by stages.prepare?)")
-    dim = int(np.prod(meta["shape"]))
-    schema = prepared_schema(dim)
+    schema = prepared_schema_for(meta)
     table = read_parquet(path, schema, columns=["id", "split", "x"])
     split = np.asarray(table.column("split").to_pylist(), dtype=object)
     if not (split == "train").any():
         raise ArtifactError(f"{path}: split 'train' has no rows")
-    return UnlabelledInputs(table.column("id").to_numpy(), split, fixed_list_to_numpy(table.column("x")))
+    return UnlabelledInputs(table.column("id").to_numpy(), split, x_to_float(table.column("x"), meta))
 
 
 def fit_dae(

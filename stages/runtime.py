@@ -25,7 +25,11 @@ def setup_torch(seed: int) -> torch.Generator:
     import torch
 
     torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    # Same flag as torch.use_deterministic_algorithms(True), which also imports
+    # torch._inductor.config (~1.5 s per process, x every stage of the DAG) only to
+    # configure torch.compile, which shiftlab never uses.
+    torch._C._set_deterministic_algorithms(True)
+    assert torch.are_deterministic_algorithms_enabled()
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)

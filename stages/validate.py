@@ -97,6 +97,13 @@ def meta_params(meta: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
         }
     except (TypeError, ValueError) as e:
         raise ArtifactError(f"{path}: file metadata has a malformed value ({e})") from e
+    # Optional keys of the real benchmarks / text datasets (see docs/datasets.md).
+    out["text"] = bool(meta.get("text", False))
+    out["n_skipped"] = int(meta.get("n_skipped", 0))
+    if meta.get("split_groups") is not None:
+        out["split_groups"] = {str(s): [int(g) for g in gs] for s, gs in meta["split_groups"].items()}
+    if meta.get("published_counts") is not None:
+        out["published_counts"] = meta["published_counts"]
     if out["n_classes"] < 1 or out["n_attrs"] < 1:
         raise ArtifactError(
             f"{path}: metadata n_classes/n_attrs must be >= 1, got {out['n_classes']}/{out['n_attrs']}"
@@ -146,8 +153,10 @@ def _x_checks(x: pa.Array) -> tuple[Any, Any]:
             [False] * len(x), dtype=object
         )
     if pa.types.is_fixed_size_list(x.type) and x.null_count == 0:
-        values = fixed_list_to_numpy(x, np.float64)
         lengths = np.full(len(x), x.type.list_size, dtype=np.int64)
+        if pa.types.is_integer(x.type.value_type):  # uint8 pixels: finite by construction
+            return pd.Series(lengths), pd.Series(np.ones(len(x), dtype=bool), dtype=object)
+        values = fixed_list_to_numpy(x, np.float64)
         return pd.Series(lengths), pd.Series(np.isfinite(values).all(axis=1), dtype=object)
     lengths, finite = [], []
     for row in x.to_pylist():
@@ -161,8 +170,18 @@ def _x_checks(x: pa.Array) -> tuple[Any, Any]:
     return pd.Series(lengths, dtype=object), pd.Series(finite, dtype=object)
 
 
-def split_stats_frame(rows: Any, n_groups: int) -> Any:
-    """One row of per-split aggregates: smallest group count, agreement rate, OOD shift."""
+def split_stats_frame(
+    rows: Any,
+    n_groups: int,
+    split_groups: Mapping[str, Sequence[int]] | None = None,
+    published: Mapping[str, Any] | None = None,
+) -> Any:
+    """One row of per-split aggregates: smallest group count, agreement rate, OOD shift.
+
+    `split_groups` (domain-shift datasets) names the groups each split can hold; by default
+    all. With `published` (metadata `published_counts`), `published_mismatch` counts the
+    official splits where the raw release's counts differ from the published ones.
+    """
     import pandas as pd
 
     stats: dict[str, Any] = {}
@@ -170,11 +189,17 @@ def split_stats_frame(rows: Any, n_groups: int) -> Any:
     for split in SPLITS:
         part = rows[rows["split"] == split] if have else rows.iloc[0:0]
         counts = part["g"].value_counts() if have else pd.Series(dtype=float)
-        stats[f"min_count_{split}"] = min(int(counts.get(g, 0)) for g in range(n_groups))
+        groups = split_groups[split] if split_groups is not None else range(n_groups)
+        stats[f"min_count_{split}"] = min((int(counts.get(g, 0)) for g in groups), default=0)
         agrees = part["agrees"].dropna() if have else part
         stats[f"agree_rate_{split}"] = float(agrees.mean()) if len(agrees) else None
     train, ood = stats["agree_rate_train"], stats["agree_rate_test_ood"]
     stats["ood_shift"] = abs(ood - train) if train is not None and ood is not None else None
+    if published is not None:
+        expected, observed = published["expected"], published["observed"]
+        stats["published_mismatch"] = sum(
+            int(list(observed.get(key, [])) != list(counts)) for key, counts in expected.items()
+        )
     return pd.DataFrame(
         {k: pd.Series([v], dtype="float64" if v is None else None) for k, v in stats.items()}
     )
@@ -202,12 +227,13 @@ def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
     def stats(name: str, cls: str, why: str, **kwargs: Any) -> Check:
         return Check(name, "split_stats", cls, kwargs, why)
 
+    contract = [*CONTRACT_COLUMNS, "text"] if meta.get("text") else list(CONTRACT_COLUMNS)
     checks = [
         rows(
             "columns",
             "ExpectTableColumnsToMatchSet",
             "the contract's columns are present",
-            column_set=list(CONTRACT_COLUMNS),
+            column_set=contract,
             exact_match=False,
         )
     ]
@@ -226,7 +252,7 @@ def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
     )
     checks += [
         rows(f"not_null[{c}]", "ExpectColumnValuesToNotBeNull", f"{c} has no nulls", column=c)
-        for c in CONTRACT_COLUMNS
+        for c in contract
     ]
     checks += [
         rows(
@@ -307,6 +333,17 @@ def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
             min_value=shift,
         ),
     ]
+    if "published_counts" in meta:
+        checks.append(
+            stats(
+                "published_counts",
+                "ExpectColumnMaxToBeBetween",
+                f"the raw release's counts match the published ones ({meta['published_counts']['source']})",
+                column="published_mismatch",
+                min_value=0,
+                max_value=0,
+            )
+        )
     return checks
 
 
@@ -486,7 +523,9 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
     rows = rows_frame(table, meta["n_attrs"])
     frames = {
         "rows": rows,
-        "split_stats": split_stats_frame(rows, meta["n_classes"] * meta["n_attrs"]),
+        "split_stats": split_stats_frame(
+            rows, meta["n_classes"] * meta["n_attrs"], meta.get("split_groups"), meta.get("published_counts")
+        ),
     }
     checks = build_checks(meta, cfg)
     out, docs, failed = (
@@ -520,7 +559,8 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
         failed.unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return f"validated {src.as_posix()}: {len(records)}/{len(records)} expectations passed; docs in {(docs / 'index.html').as_posix()}"
+    skipped = f"; {meta['n_skipped']} unreadable raw image(s) were skipped by prepare" if meta["n_skipped"] else ""
+    return f"validated {src.as_posix()}: {len(records)}/{len(records)} expectations passed; docs in {(docs / 'index.html').as_posix()}{skipped}"
 
 
 def _swap_dir(new: Path, target: Path, scratch: Path) -> None:

@@ -45,6 +45,7 @@ METRIC_KEYS = {
     "ece",
     "nll",
     "brier",
+    "confusion",
     "groups",
 }
 
@@ -295,7 +296,8 @@ RUNS = [(d, m, s) for d in ("gauss", "digits") for m in ("erm", "lda") for s in 
 
 
 def test_build_report() -> None:
-    table, markdown, summary, plots = report.build_report([fake_metrics(*r) for r in RUNS])
+    built = report.build_report([fake_metrics(*r) for r in RUNS])
+    table, markdown, summary, plots = built.leaderboard, built.markdown, built.summary, built.plots
 
     assert table.schema == LEADERBOARD_SCHEMA
     assert table.num_rows == len(RUNS) * len(SPLITS)
@@ -330,7 +332,7 @@ def test_build_report() -> None:
         {"test_id_acc": 0.94, "test_ood_acc": 0.55, "test_ood_worst_group_acc": 0.25}
     )
     assert len(plots["id_vs_ood"]) == len(RUNS)
-    assert set(plots["id_vs_ood"][0]) == {"dataset", "model", "seed", "id_acc", "ood_acc"}
+    assert set(plots["id_vs_ood"][0]) == {"dataset", "model", "series", "seed", "id_acc", "ood_acc"}
     assert plots["worst_group"][0] == {
         "dataset": "gauss",
         "model": "erm",
@@ -338,12 +340,12 @@ def test_build_report() -> None:
     }
 
     # A single seed shows no ± and the leaderboard does not depend on input order.
-    single = report.build_report([fake_metrics("gauss", "erm", 0)])[1]
+    single = report.build_report([fake_metrics("gauss", "erm", 0)]).markdown
     assert (
         "| erm | discriminative | val_avg | 0.950 | 0.600 |" in single
         and "±" not in single.split("## gauss")[1]
     )
-    shuffled = report.build_report([fake_metrics(*r) for r in reversed(RUNS)])[0]
+    shuffled = report.build_report([fake_metrics(*r) for r in reversed(RUNS)]).leaderboard
     assert shuffled.equals(table)
 
 
@@ -386,19 +388,35 @@ def test_report_run_writes_deterministic_outputs(
     params = _run_params(tmp_path)
     for r in RUNS:
         write_json(fake_metrics(*r), metrics_path(*r))
-    assert report.main(_report_args(params)) == 0
+        write_fake_predictions(*r)
+    assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=50"]) == 0
     out = Path("data/reports")
     files = [
         "leaderboard.parquet",
         "report.md",
+        "report.html",
         "summary.json",
         "plots/id_vs_ood.json",
         "plots/worst_group.json",
+        "plots/shift_curve.json",
+        "figures/gauss-shift.svg",
     ]
     first = {f: (out / f).read_bytes() for f in files}
     assert read_parquet(out / "leaderboard.parquet", LEADERBOARD_SCHEMA).num_rows == 32
-    assert report.main(_report_args(params)) == 0
+    assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=50"]) == 0
     assert {f: (out / f).read_bytes() for f in files} == first
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") >= 8 and "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    assert "vs best (worst-group)" in (out / "report.md").read_text()
+
+
+def write_fake_predictions(dataset: str, model: str, seed: int, per_split: int = 40) -> None:
+    """A predictions file for a fake run: every split, all four groups, seeded random logits."""
+    rng = np.random.default_rng([len(dataset), len(model), seed])
+    prepared = toy_prepared(per_split, seed=0)
+    logits = toy_logits(prepared, seed=int(rng.integers(1000)))
+    table, _, _ = evaluate.evaluate_predictions(prepared, logits, 10)
+    write_parquet(table, predictions_path(dataset, model, seed), predictions_schema(2))
 
 
 def test_report_missing_metrics_exits_2_naming_the_file(

@@ -49,12 +49,15 @@ def test_accuracy_and_groups_by_hand(hand: dict) -> None:
     assert hand["n"] == 5
     assert hand["acc"] == pytest.approx(3 / 5)  # examples 0, 2, 3
     # g0: 1 of 2, g1: 1 of 1, g2: absent, g3: 1 of 2
+    # pred: counts of each predicted class in the group (its row of the confusion matrix)
     assert hand["groups"] == {
-        "0": {"n": 2, "acc": 0.5},
-        "1": {"n": 1, "acc": 1.0},
-        "2": {"n": 0, "acc": None},
-        "3": {"n": 2, "acc": 0.5},
+        "0": {"n": 2, "acc": 0.5, "pred": [1, 1]},
+        "1": {"n": 1, "acc": 1.0, "pred": [1, 0]},
+        "2": {"n": 0, "acc": None, "pred": [0, 0]},
+        "3": {"n": 2, "acc": 0.5, "pred": [1, 1]},
     }
+    # rows = true class, columns = predicted: class 0 -> 2 right (0, 2), 1 wrong; class 1 -> 1, 1
+    assert hand["confusion"] == [[2, 1], [1, 1]]
     assert hand["worst_group_acc"] == pytest.approx(
         0.5
     )  # min over present groups, not the absent one
@@ -241,3 +244,71 @@ def test_docs_recomputation_snippet_matches(
         "brier",
     ):
         assert float(ns[key]) == pytest.approx(metrics["splits"]["test_ood"][key], abs=1e-12), key
+
+
+# ---- golden edge cases, bootstrap, paired test, effective robustness ----------------------------
+
+
+def test_single_class_split_and_logit_ties() -> None:
+    # Only class 1 present; rows 0-1 tie exactly (-> class 0, wrong), rows 2-3 predict class 1.
+    logits = np.array([[0.5, 0.5], [2.0, 2.0], [0.0, 1.0], [-1.0, 3.0]])
+    y = np.array([1, 1, 1, 1])
+    g = np.array([2, 3, 3, 2])
+    m = split_metrics(logits, y, g, 4, np.full(4, 0.25), ece_bins=4)
+    assert m["acc"] == 0.5
+    assert m["balanced_acc"] == 0.5  # class 0 absent: mean over the present class only
+    assert m["confusion"] == [[0, 0], [2, 2]]
+    assert m["groups"]["0"] == {"n": 0, "acc": None, "pred": [0, 0]}
+    assert m["groups"]["2"] == {"n": 2, "acc": 0.5, "pred": [1, 1]}
+    assert m["worst_group_acc"] == 0.5
+
+
+def test_bootstrap_is_seeded_reproducible_and_covers_the_estimate() -> None:
+    from stages.metrics import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    g = rng.integers(0, 4, 300)
+    correct = rng.random(300) < np.array([0.9, 0.6, 0.7, 0.95])[g]
+    a = bootstrap_ci(correct, g, 4, resamples=400, seed=[7, 1])
+    assert a == bootstrap_ci(correct, g, 4, resamples=400, seed=[7, 1])
+    assert a != bootstrap_ci(correct, g, 4, resamples=400, seed=[8, 1])
+    acc = correct.mean()
+    wga = min(correct[g == k].mean() for k in range(4))
+    assert a["acc"][0] <= acc <= a["acc"][1]
+    assert a["worst_group_acc"][0] <= wga <= a["worst_group_acc"][1]
+    assert a["acc"][1] - a["acc"][0] < 0.15  # n = 300: about ±2 standard errors
+    # split_metrics stores the same interval.
+    m = split_metrics(np.stack([~correct, correct], 1).astype(float), np.ones(300, int), g, 4, np.full(4, 0.25), 5, 400, [7, 1])
+    assert (m["acc_ci"], m["worst_group_acc_ci"]) == (a["acc"], a["worst_group_acc"])
+
+
+def test_paired_bootstrap_separates_real_and_null_differences() -> None:
+    from stages.metrics import paired_bootstrap
+
+    rng = np.random.default_rng(1)
+    g = rng.integers(0, 2, 500)
+    base = rng.random(500) < 0.7
+    better = base | (rng.random(500) < 0.5)  # strictly more correct
+    r = paired_bootstrap(better, base, g, 2, 300, 0)
+    assert r["acc"]["significant"] and r["acc"]["diff"] > 0 and r["acc"]["ci"][0] > 0
+    same = paired_bootstrap(base, base.copy(), g, 2, 300, 0)
+    assert same["acc"] == {"diff": 0.0, "ci": [0.0, 0.0], "p_value": 1.0, "significant": False}
+    noisy = paired_bootstrap(base, rng.permutation(base), g, 2, 300, 0)  # same accuracy, shuffled
+    assert not noisy["acc"]["significant"]
+    with pytest.raises(ValueError, match="same examples"):
+        paired_bootstrap(base, base[:-1], g, 2, 10, 0)
+
+
+def test_effective_robustness_on_a_probit_line() -> None:
+    from stages.metrics import effective_robustness, normal_cdf, probit, seed_summary
+
+    ids = [0.6, 0.7, 0.8, 0.9]
+    oods = [float(normal_cdf(0.5 * probit(x) - 0.2)) for x in ids]
+    assert all(abs(v) < 1e-9 for v in effective_robustness(ids, oods))  # all on the line
+    above = oods[:]
+    above[2] += 0.05
+    er = effective_robustness(ids, above)
+    assert er[2] == pytest.approx(0.05, abs=1e-9)  # fitted on the others, which are on the line
+    assert effective_robustness(ids[:2], oods[:2]) == [None, None]  # fewer than 3 models
+    assert seed_summary([0.5, 0.7]) == {"mean": pytest.approx(0.6), "sd": pytest.approx(0.1414213562), "n": 2}
+    assert seed_summary([0.5])["sd"] is None

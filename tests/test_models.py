@@ -11,6 +11,9 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal, norm
 
+from stages.config import ColoredDigitsConfig, GaussianShortcutConfig
+from stages.datasets import colored_digits
+from stages.datasets import gaussian_shortcut as gaussian_shortcut_data
 from stages.io import ArtifactError, load_weights, save_weights
 from stages.models import (
     CONFIG,
@@ -38,10 +41,11 @@ from stages.runtime import setup_torch
 
 
 def gaussian_shortcut(n: int, rho: float, rng: np.random.Generator, *, sigma: float = 1.0, b: float = 1.0,
-                      s: float = 0.2, d_noise: int = 2, balanced_groups: bool = False) -> SplitData:
-    """Core N(y±, σ²), spurious a±·B + N(0, s²) with a agreeing with y w.p. rho, N(0,1) noise dims."""
+                      s: float = 0.2, d_noise: int = 2) -> SplitData:
+    """Small unit-test data: core N(y±, σ²), spurious a±·B + N(0, s²) with a agreeing with y
+    w.p. rho, N(0,1) noise dims. The shortcut tests below use the real generators instead."""
     y = rng.integers(0, 2, n)
-    a = rng.integers(0, 2, n) if balanced_groups else np.where(rng.random(n) < rho, y, 1 - y)
+    a = np.where(rng.random(n) < rho, y, 1 - y)
     ypm, apm = 2 * y - 1, 2 * a - 1
     x = np.column_stack([ypm + sigma * rng.standard_normal(n), apm * b + s * rng.standard_normal(n),
                          rng.standard_normal((n, d_noise))]).astype(np.float32)
@@ -58,24 +62,14 @@ def gaussian_splits(seed: int = 0, n: int = 1000) -> dict[str, SplitData]:
     }
 
 
-def colored_digits(rho: float = 0.95, seed: int = 0) -> dict[str, SplitData]:
-    """sklearn digits, y = digit < 5, tinted by a colour that agrees with y w.p. rho (test: balanced)."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    img = (d.data / 16.0).astype(np.float32)
-    y = (d.target < 5).astype(np.int64)
-    rng = np.random.default_rng(seed)
-    n = len(y)
-    perm = rng.permutation(n)
-    parts = {"train": perm[: n // 2], "val": perm[n // 2 : n // 2 + n // 5], "test_ood": perm[n // 2 + n // 5 :]}
-    tints = np.array([[1.0, 0.6, 0.2], [0.2, 0.6, 1.0]], np.float32)  # RGB weights of the two colours
+def generated_splits(columns: dict[str, np.ndarray], n_attrs: int) -> dict[str, SplitData]:
+    """A real generator's columns (stages.datasets) as SplitData per split."""
+    g = columns["y"] * n_attrs + columns["a"]
     out = {}
-    for name, idx in parts.items():
-        yy = y[idx]
-        a = rng.integers(0, 2, len(idx)) if name == "test_ood" else np.where(rng.random(len(idx)) < rho, yy, 1 - yy)
-        x = (img[idx][:, None, :] * tints[a][:, :, None]).reshape(len(idx), -1)
-        out[name] = SplitData(torch.from_numpy(x), torch.from_numpy(yy), torch.from_numpy(yy * 2 + a))
+    for name in ("train", "val", "test_id", "test_ood"):
+        m = columns["split"] == name
+        out[name] = SplitData(torch.from_numpy(np.ascontiguousarray(columns["x"][m], dtype=np.float32)),
+                              torch.from_numpy(columns["y"][m].astype(np.int64)), torch.from_numpy(g[m].astype(np.int64)))
     return out
 
 
@@ -167,13 +161,16 @@ def test_distillation_loss_vanishes_when_the_student_copies_the_teacher():
 
 
 def test_groupdro_beats_erm_on_worst_group_of_colored_digits():
-    splits = colored_digits(rho=0.95, seed=0)
+    cfg = ColoredDigitsConfig()  # the real generator at its defaults: colour cue, rho_train 0.95, reversed test_ood
+    assert cfg.rho_train == 0.95
+    columns, meta = colored_digits.generate(cfg)
+    splits = generated_splits(columns, meta["n_attrs"])
     kw = dict(epochs=10, selection="val_worst_group", hidden=(64,), lr=1e-3, batch_size=64)
     _, erm = fit(splits, cross_entropy, **kw)
     _, dro = fit(splits, GroupDROLoss(4, 0.1), **kw)
     erm_wga = erm.selected_metrics["test_ood"]["worst_group_acc"]
     dro_wga = dro.selected_metrics["test_ood"]["worst_group_acc"]
-    assert dro_wga > erm_wga + 0.15, (erm_wga, dro_wga)
+    assert erm_wga < 0.2 and dro_wga > erm_wga + 0.3, (erm_wga, dro_wga)
 
 
 # ---- LDA -------------------------------------------------------------------------------------
@@ -185,34 +182,37 @@ def group_accuracy(w: np.ndarray, bias: float, y_pm: int, mu_g: np.ndarray, cov_
 
 
 def test_lda_matches_closed_form_population_worst_group_accuracy():
-    sigma, b, s, rho, d_noise = 1.0, 1.0, 0.5, 0.95, 3
-    rng = np.random.default_rng(0)
-    train = gaussian_shortcut(100_000, rho, rng, sigma=sigma, b=b, s=s, d_noise=d_noise)
+    # The real generator: 100k train examples at rho 0.95, and a test_ood split at rho 0.5 so
+    # that all four groups are equally large (every group's accuracy is measured precisely).
+    cfg = GaussianShortcutConfig(spurious_noise=0.5, d_noise=3, n_train=100_000, n_val=8, n_test_id=8,
+                                 n_test_ood=200_000, rho_train=0.95, rho_ood=0.5)
+    columns, meta = gaussian_shortcut_data.generate(cfg)
+    splits = generated_splits(columns, meta["n_attrs"])
+    train, test = splits["train"], splits["test_ood"]
     model = fit_lda(train.x.numpy(), train.y.numpy(), 2, shrinkage=0.0)
 
-    # Population LDA: μ_y = (y±, (2ρ−1)·y±·B, 0…); the pooled within-class covariance of the
-    # mixture is diagonal: (σ², s² + B²(1 − (2ρ−1)²), 1, …). Rule: w = Σ⁻¹(μ₁ − μ₀), bias 0
-    # (equal priors, μ₀ = −μ₁).
-    c = 2 * rho - 1
-    var = np.array([sigma**2, s**2 + b**2 * (1 - c**2)] + [1.0] * d_noise)
-    mu1 = np.array([1.0, c * b] + [0.0] * d_noise)
-    np.testing.assert_allclose(model.means.numpy(), np.stack([-mu1, mu1]), atol=0.02)
-    np.testing.assert_allclose(model.covariance.numpy(), np.diag(var), atol=0.02)
-    w_pop = 2 * mu1 / var
-    # The fitted model's own linear rule: logit₁ − logit₀ = w·x + bias.
+    # Population LDA at rho_train (closed form, stages.datasets.gaussian_shortcut.population_lda):
+    # μ_y = (y±, (2ρ−1)·y±·B, 0…), shared covariance diag(σ², s² + 4ρ(1−ρ)B², 1, …), equal priors.
+    means_pop, cov_pop, priors_pop = gaussian_shortcut_data.population_lda(cfg)
+    np.testing.assert_allclose(model.means.numpy(), means_pop, atol=0.02)
+    np.testing.assert_allclose(model.covariance.numpy(), cov_pop, atol=0.02)
+    np.testing.assert_allclose(np.exp(model.log_priors.numpy()), priors_pop, atol=0.005)
+    # Its rule: logit₁ − logit₀ = w·x + bias, w = Σ⁻¹(μ₁ − μ₀), bias 0 (equal priors, μ₀ = −μ₁).
+    w_pop = np.linalg.solve(cov_pop, means_pop[1] - means_pop[0])
+    bias_pop = -0.5 * (means_pop[1] + means_pop[0]) @ w_pop + math.log(priors_pop[1] / priors_pop[0])
+    # The fitted model's own linear rule.
     means, cov, log_pi = model.means.numpy(), model.covariance.numpy(), model.log_priors.numpy()
     w_fit = np.linalg.solve(cov, means[1] - means[0])
     bias_fit = -0.5 * (means[1] + means[0]) @ w_fit + log_pi[1] - log_pi[0]
-    group_cov = np.array([sigma**2, s**2] + [1.0] * d_noise)  # within a group the spurious sign is fixed
 
-    test = gaussian_shortcut(200_000, rho, rng, sigma=sigma, b=b, s=s, d_noise=d_noise, balanced_groups=True)
     correct = model.logits(test.x.numpy()).argmax(1) == test.y.numpy()
     accs, population = {}, {}
-    for g in range(4):
-        y_pm, a_pm = 2 * (g // 2) - 1, 2 * (g % 2) - 1
-        mu_g = np.array([y_pm, a_pm * b] + [0.0] * d_noise)
-        population[g] = group_accuracy(w_pop, 0.0, y_pm, mu_g, group_cov)
-        fitted = group_accuracy(w_fit, bias_fit, y_pm, mu_g, group_cov)
+    for grp in gaussian_shortcut_data.population_groups(cfg, rho=cfg.rho_ood):
+        g = grp.y * 2 + grp.a
+        group_var = np.diag(grp.cov)  # within a group the spurious sign is fixed
+        y_pm = 2 * grp.y - 1
+        population[g] = group_accuracy(w_pop, bias_pop, y_pm, grp.mean, group_var)
+        fitted = group_accuracy(w_fit, bias_fit, y_pm, grp.mean, group_var)
         in_g = test.g.numpy() == g
         accs[g] = correct[in_g].mean()
         se = math.sqrt(fitted * (1 - fitted) / in_g.sum())
@@ -221,6 +221,7 @@ def test_lda_matches_closed_form_population_worst_group_accuracy():
         assert abs(accs[g] - fitted) < 3.5 * se, (g, accs[g], fitted, se)
         # Estimation error of the rule from 100k examples (sd ≈ 0.004 for the minority groups).
         assert abs(fitted - population[g]) < 0.012, (g, fitted, population[g])
+    assert sorted(accs) == [0, 1, 2, 3]
     assert abs(min(accs.values()) - min(population.values())) < 0.015
     assert min(population.values()) < 0.3 and max(population.values()) > 0.95  # the shortcut bites
 

@@ -72,10 +72,16 @@ def test_train_erm_writes_the_model_folder(workdir, capsys):
     assert train.main([DS, "erm", "0", *FAST]) == 0
     out = capsys.readouterr().out
     folder = model_dir(DS, "erm", 0)
-    assert f"trained erm on {DS} seed 0: epoch " in out and "selected by val_avg (val acc " in out and str(folder) in out
+    assert f"trained erm on {DS} seed 0: epoch " in out and "selected by val_worst_group (val acc " in out and str(folder) in out
     assert {p.name for p in folder.iterdir()} == {WEIGHTS, CONFIG, HISTORY}
     config = read_json(folder / CONFIG)
-    assert config["dataset"] == DS and config["seed"] == 0 and config["selection"] == "val_avg"
+    assert config["dataset"] == DS and config["seed"] == 0 and config["selection"] == "val_worst_group"
+    assert config["reads_splits"] == ["train", "val"]
+    # Every criterion's pick is reported; only `selection` chose the weights.
+    assert set(config["selections"]) == {"val_avg", "val_worst_group", "oracle"}
+    assert config["selections"]["val_worst_group"]["epoch"] == config["selected_epoch"]
+    # Inference cost: 4 inputs -> 16 hidden -> 2 classes.
+    assert config["inference_cost"] == {"params": 4 + 4 + 4 * 16 + 16 + 16 * 2 + 2, "macs": 4 * 16 + 16 * 2, "forward_passes": 1}
     assert config["config"]["epochs"] == 3 and config["config"]["kind"] == "erm"
     history = read_parquet(folder / HISTORY, HISTORY_SCHEMA).to_pylist()
     assert [(r["epoch"], r["split"]) for r in history] == [(e, s) for e in (1, 2, 3) for s in SPLITS]
@@ -179,3 +185,24 @@ def test_distilled_student_agrees_with_its_lda_teacher(workdir, capsys):
     assert student.kind == "mlp"
     agreement = (teacher.logits(x).argmax(1) == student.logits(x).argmax(1)).mean()
     assert agreement > 0.95
+
+
+def test_any_trained_model_can_be_a_teacher(workdir, capsys):
+    """An erm (mlp) teacher as well as an lda one; the student records both inference costs."""
+    assert train.main([DS, "erm", "0", *FAST]) == 0
+    assert distill.main([DS, "erm", "0", "distill.epochs=4", "distill.hidden=[8]", "distill.lr=0.01"]) == 0
+    assert "distilled erm into erm_student" in capsys.readouterr().out
+    config = read_json(model_dir(DS, "erm_student", 0) / CONFIG)
+    assert config["teacher"] == "erm" and config["teacher_kind"] == "mlp"
+    teacher_cost = read_json(model_dir(DS, "erm", 0) / CONFIG)["inference_cost"]
+    assert config["teacher_inference_cost"] == teacher_cost
+    assert config["inference_cost"]["macs"] == 4 * 8 + 8 * 2 < teacher_cost["macs"]
+    assert set(config["selections"]) == {"val_avg", "val_worst_group", "oracle"}
+    assert config["metrics"]["test_id"]["acc"] > 0.8
+
+    assert train.main([DS, "lda", "0"]) == 0
+    assert distill.main([DS, "lda", "0", "distill.epochs=2", "distill.hidden=[8]"]) == 0
+    config = read_json(model_dir(DS, "lda_student", 0) / CONFIG)
+    assert config["teacher_kind"] == "lda"
+    # LDA scores one example with a d×d triangular solve plus K·d for the distances.
+    assert config["teacher_inference_cost"] == {"params": 2 * 4 + 4 * 4 + 2, "macs": 4 * 5 // 2 + 2 * 4, "forward_passes": 1}

@@ -15,6 +15,7 @@ global RNG, so the same config gives byte-identical output. See docs/datasets.md
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,9 +52,29 @@ def attribute_from_agreement(y: np.ndarray, agree: np.ndarray) -> np.ndarray:
 
 
 # Imported after the helpers above, which the generator modules use.
-from stages.datasets import colored_digits, gaussian_shortcut  # noqa: E402
+from stages.datasets import (  # noqa: E402
+    camelyon17,
+    celeba,
+    civilcomments,
+    colored_digits,
+    gaussian_shortcut,
+    mnist1d_shortcut,
+    shortcut_text,
+    waterbirds,
+)
 
 GENERATORS: dict[str, Callable[[Any], Generated]] = {
     "gaussian_shortcut": gaussian_shortcut.generate,
     "colored_digits": colored_digits.generate,
+    "mnist1d_shortcut": mnist1d_shortcut.generate,
+    "shortcut_text": shortcut_text.generate,
+}
+
+# Real benchmarks read from data/raw/<dataset>/ and stream their own file (they may not fit
+# in memory): `load(dataset, cfg, out_path) -> summary line`. See stages/datasets/raw.py.
+LOADERS: dict[str, Callable[[str, Any, Path], str]] = {
+    "waterbirds": waterbirds.load,
+    "celeba": celeba.load,
+    "camelyon17": camelyon17.load,
+    "civilcomments": civilcomments.load,
 }

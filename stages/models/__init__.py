@@ -12,6 +12,14 @@ Kinds (`Classifier.kind`, the architecture, not the training method):
 
     mlp  MLPClassifier (erm, groupdro, students): `logits` are the pre-softmax class scores
     lda  LDAClassifier: `logits` are log p(x, y) = log N(x | μ_y, Σ) + log π_y
+    qda  QDAClassifier: `logits` are log p(x, y) = log N(x | μ_y, Σ_y) + log π_y
+    diffusion       DiffusionClassifier: `logits` are −mean_s w(t_s)‖ε_θ(x_t, t_s, y) − ε_s‖² + log π_y
+                    over shared noise draws (stages/models/diffusion.py)
+    autoregressive  AutoregressiveClassifier: `logits` are log p(tokens(x) | y) + log π_y
+                    (stages/models/autoregressive.py)
+
+The generative kinds (lda, qda, diffusion, autoregressive) also have `log_likelihood(x)`,
+per-example log p(x) (an ELBO estimate for diffusion, of the tokenised x for autoregressive).
 
 For both, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
 (never unpickles) and rejects weights that do not fit the declared architecture.
@@ -31,7 +39,16 @@ import numpy as np
 import pyarrow as pa
 
 from stages.artifacts import HISTORY_SCHEMA
-from stages.io import ArtifactError, load_weights, save_weights, write_json, write_parquet
+from stages.io import (
+    ArtifactError,
+    fault_point,
+    load_weights,
+    save_weights,
+    sweep_stale_temps,
+    temp_prefix,
+    write_json,
+    write_parquet,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -43,7 +60,7 @@ CONFIG = "config.json"
 HISTORY = "history.parquet"
 ENCODER = "encoder.safetensors"
 EMBEDDINGS = "embeddings.parquet"
-KINDS = ("mlp", "lda")
+KINDS = ("mlp", "lda", "qda", "diffusion", "autoregressive")
 
 
 class Classifier(Protocol):
@@ -57,6 +74,19 @@ class Classifier(Protocol):
         ...
 
 
+def inference_cost(model: Any) -> dict[str, Any] | None:
+    """The model's `cost_per_example()` (optional on a Classifier), or None if it has none.
+
+    A deterministic figure computed from the architecture, not a timing: at least
+    `params` (stored numbers the classifier needs at inference, i.e. its state_dict size)
+    and `macs` (multiply-adds to score one example against every class, as implemented);
+    a kind may add its own keys (e.g. network evaluations per example). `save_model`
+    writes it into config.json as `inference_cost`.
+    """
+    cost = getattr(model, "cost_per_example", None)
+    return dict(cost()) if callable(cost) else None
+
+
 @contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temp folder beside `path`; it replaces `path` only if the block succeeds.
@@ -66,11 +96,13 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    sweep_stale_temps(path)  # folders left by a killed writer (see stages/io.py)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the folder is an ordinary output
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
     try:
         yield tmp
+        fault_point("before_rename", path.name)
         if old.exists():
             shutil.rmtree(old)
         had_old = path.exists()
@@ -93,9 +125,13 @@ def save_model(
 ) -> Path:
     """Write model.safetensors, config.json and (if given) history.parquet as one atomic folder.
 
-    `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`).
+    `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`);
+    config.json gets the model's `inference_cost` added when the model defines one.
     """
     model_dir = Path(model_dir)
+    cost = inference_cost(model)
+    if cost is not None:
+        config = {**config, "inference_cost": cost}
     with atomic_dir(model_dir) as tmp:
         save_weights(model.state_dict(), tmp / WEIGHTS, meta=model.arch())
         write_json(config, tmp / CONFIG)
@@ -125,6 +161,19 @@ def _build(meta: dict[str, Any], path: Path) -> nn.Module:
     n_classes = _positive_int(meta, "n_classes", path)
     if kind == "lda":
         return LDAClassifier(in_dim, n_classes)
+    if kind == "qda":
+        from stages.models.lda import QDAClassifier
+
+        return QDAClassifier(in_dim, n_classes)
+    if kind in ("diffusion", "autoregressive"):
+        from stages.models.autoregressive import AutoregressiveClassifier
+        from stages.models.diffusion import DiffusionClassifier
+
+        cls = DiffusionClassifier if kind == "diffusion" else AutoregressiveClassifier
+        try:
+            return cls.from_arch(meta)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"{path}: metadata does not describe a {kind} model ({e})") from None
     return MLPClassifier(MLPEncoder(in_dim, _widths(meta, path)), n_classes)
 
 

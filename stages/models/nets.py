@@ -79,6 +79,13 @@ class MLPClassifier(nn.Module):
         """Class scores (float32, (n, n_classes)); softmax gives p(y | x)."""
         return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
 
+    def cost_per_example(self) -> dict[str, int]:
+        """params: numbers in the state_dict; macs: multiply-adds of the Linear layers for one
+        example (the standardisation and ReLUs are elementwise and not counted); one forward pass."""
+        params = sum(t.numel() for t in self.state_dict().values())
+        macs = sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear))
+        return {"params": int(params), "macs": int(macs), "forward_passes": 1}
+
 
 class DenoisingAutoencoder(nn.Module):
     """standardise → encoder → mirrored decoder; trained to undo Gaussian corruption."""

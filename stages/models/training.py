@@ -12,15 +12,19 @@ groups that occur in the split. A checkpoint is chosen by a named criterion:
     val_worst_group  best val worst-group accuracy      (uses validation groups)
     oracle           best test_ood worst-group accuracy (uses test groups; report only)
 
-Ties go to the earlier epoch. The selected state_dict is kept in memory (no disk checkpoints).
+Ties go to the earlier epoch. The selected state_dict is kept in memory; with a
+`stages.checkpoint.Checkpointer` the whole loop state (model, optimiser, loss state, RNGs,
+history, best-so-far) is also written every few epochs and on SIGINT/SIGTERM, and a re-run
+resumes from it with byte-identical results.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.artifacts import HISTORY_SCHEMA, SPLITS, Prepared, prepared_path, read_prepared
-from stages.io import ArtifactError
+from stages.io import ArtifactError, StageInterrupted, fault_point
 from stages.runtime import progress
+
+if TYPE_CHECKING:
+    from stages.checkpoint import Checkpoint, Checkpointer
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
@@ -85,10 +92,33 @@ def read_prepared_input(dataset: str, need: tuple[str, ...] = SPLITS) -> Prepare
             f"(`python -m stages.prepare {dataset}` or `dvc repro prepare@{dataset}`)"
         )
     prepared = read_prepared(path)
+    check_values(prepared, path)
     for name in need:
         if not prepared.mask(name).any():
             raise ArtifactError(f"{path}: split '{name}' has no rows")
     return prepared
+
+
+def check_values(prepared: Prepared, path: Any) -> None:
+    """The value-level contract training relies on; errors name the file, column and first bad row.
+
+    The validate stage checks all of this and more before training in `dvc repro`; these
+    cheap checks keep a hand-run stage from failing deep inside torch instead.
+    """
+    def bad(column: str, rows: np.ndarray, what: str) -> None:
+        idx = np.flatnonzero(rows)
+        if len(idx):
+            raise ArtifactError(f"{path}: column '{column}' {what} in {len(idx)} row(s), first at row {idx[0]} (id {prepared.id[idx[0]]})")
+
+    _, first, counts = np.unique(prepared.id, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = np.zeros(len(prepared.id), dtype=bool)
+        dup[np.setdiff1d(np.arange(len(prepared.id)), first)] = True
+        bad("id", dup, "repeats an id")
+    bad("y", (prepared.y < 0) | (prepared.y >= prepared.n_classes), f"is outside 0..{prepared.n_classes - 1}")
+    bad("a", (prepared.a < 0) | (prepared.a >= prepared.n_attrs), f"is outside 0..{prepared.n_attrs - 1}")
+    bad("g", prepared.g != prepared.y * prepared.n_attrs + prepared.a, "differs from y * n_attrs + a")
+    bad("x", ~np.isfinite(prepared.x).all(axis=1), "has NaN or inf values")
 
 
 # ---- losses ----------------------------------------------------------------------------------
@@ -110,6 +140,13 @@ class GroupDROLoss:
         self.n_groups = int(n_groups)
         self.eta = float(eta)
         self.q = torch.full((self.n_groups,), 1.0 / self.n_groups)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The group weights q (what a checkpoint must carry to resume exactly)."""
+        return {"q": self.q.clone()}
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.q = state["q"].clone()
 
     def __call__(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         losses = F.cross_entropy(logits, batch["y"], reduction="none")
@@ -250,29 +287,124 @@ def fit_classifier(
     opts: FitOptions,
     generator: torch.Generator,
     desc: str = "train",
+    checkpoint: Checkpointer | None = None,
 ) -> FitResult:
     """Train `model` on splits["train"] with `loss_fn`; score every split each epoch; select.
 
     `model` is left holding its last-epoch weights; the selected ones are in the result.
+    With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
+    `checkpoint.every` epochs, and on SIGINT/SIGTERM writes one and raises StageInterrupted.
     """
+    from stages.checkpoint import StopRequest, stop_requests
+
     split_name, metric = SELECTION_METRIC[opts.selection]
     if split_name not in splits:
         raise ArtifactError(f"selection '{opts.selection}' needs split '{split_name}', which has no rows")
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
     train = splits["train"].tensors()
     rows: list[dict[str, Any]] = []
-    best: tuple[float, int, dict[str, torch.Tensor], dict[str, dict[str, float]]] | None = None
+    best: _Best | None = None
+    start = 1
+    if checkpoint is not None:
+        ckpt = checkpoint.latest()
+        if ckpt is not None:
+            try:
+                rows, best = _restore(ckpt, model, optimizer, loss_fn, generator)
+                start = ckpt.epoch + 1
+            except ArtifactError as e:
+                checkpoint.say(f"ignoring checkpoint {ckpt.path}: {e}")
+                ckpt = None
+        if ckpt is None:
+            checkpoint.start_fresh()
 
     def step(batch: Batch) -> torch.Tensor:
         return loss_fn(model(batch["x"]), batch)
 
-    for epoch in progress(range(1, opts.epochs + 1), desc=desc, total=opts.epochs, unit="epoch"):
-        model.train()
-        run_epoch(train, step, optimizer, opts.batch_size, generator)
-        metrics = evaluate_splits(model, splits)
-        rows += history_rows(epoch, metrics)
-        score = metrics[split_name][metric]
-        if best is None or score > best[0]:
-            best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
+    def save(epoch: int) -> str:
+        assert checkpoint is not None
+        return str(checkpoint.save(epoch, *_loop_state(model, optimizer, loss_fn, generator, rows, best)))
+
+    with stop_requests() if checkpoint is not None else nullcontext(StopRequest()) as stop:
+        for epoch in progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch"):
+            model.train()
+            run_epoch(train, step, optimizer, opts.batch_size, generator)
+            metrics = evaluate_splits(model, splits)
+            rows += history_rows(epoch, metrics)
+            score = metrics[split_name][metric]
+            if best is None or score > best[0]:
+                best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
+            saved = checkpoint is not None and checkpoint.due(epoch) and bool(save(epoch))
+            fault_point("after_epoch", epoch)
+            if stop.requested and epoch < opts.epochs and checkpoint is not None:
+                path = checkpoint.files()[0] if saved else save(epoch)
+                raise StageInterrupted(
+                    f"stopped by {stop.name} after epoch {epoch}/{opts.epochs}; checkpoint {path} "
+                    f"written: run the same command (or `dvc repro`) again to resume from it "
+                    f"(train.resume=false starts over)",
+                    exit_code=stop.exit_code,
+                )
     assert best is not None  # epochs >= 1
     return FitResult(state_dict=best[2], selected_epoch=best[1], selected_metrics=best[3], history=history_table(rows))
+
+
+_Best = tuple[float, int, dict[str, torch.Tensor], dict[str, dict[str, float]]]
+"""Best so far: (selection score, epoch, state_dict, metrics of every split)."""
+
+
+def _loop_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, generator: torch.Generator,
+    rows: list[dict[str, Any]], best: _Best | None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Everything `fit_classifier` needs to continue: (tensors, JSON meta) for a checkpoint."""
+    from stages.checkpoint import optimizer_tensors, prefixed, rng_state
+
+    tensors = {**prefixed("model", model.state_dict()), **optimizer_tensors(optimizer)}
+    if hasattr(loss_fn, "state_dict"):
+        tensors.update(prefixed("loss", loss_fn.state_dict()))
+    rng_tensors, rng_meta = rng_state(generator)
+    tensors.update(rng_tensors)
+    meta: dict[str, Any] = {"history": rows, "rng": rng_meta, "best": None}
+    if best is not None:
+        tensors.update(prefixed("best", best[2]))
+        meta["best"] = {"score": best[0], "epoch": best[1], "metrics": best[3]}
+    return tensors, meta
+
+
+def _restore(
+    ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, generator: torch.Generator
+) -> tuple[list[dict[str, Any]], _Best | None]:
+    """Load a checkpoint into the loop's objects, after checking every tensor fits (else ArtifactError)."""
+    from stages.checkpoint import load_optimizer, set_rng_state, unprefixed
+
+    t, meta = ckpt.tensors, ckpt.meta
+    expected: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    for prefix in ("model", "best") if meta.get("best") else ("model",):
+        expected.update({f"{prefix}.{k}": (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()})
+    for i, p in enumerate(model.parameters()):
+        expected.update({f"optim.{i}.exp_avg": (tuple(p.shape), p.dtype), f"optim.{i}.exp_avg_sq": (tuple(p.shape), p.dtype),
+                         f"optim.{i}.step": ((), torch.float32)})
+    if hasattr(loss_fn, "state_dict"):
+        expected.update({f"loss.{k}": (tuple(v.shape), v.dtype) for k, v in loss_fn.state_dict().items()})
+    expected["rng.torch"] = (tuple(torch.get_rng_state().shape), torch.uint8)
+    expected["rng.generator"] = (tuple(generator.get_state().shape), torch.uint8)
+    got = {k: (tuple(v.shape), v.dtype) for k, v in t.items()}
+    if got != expected:
+        wrong = sorted(set(got) ^ set(expected)) or sorted(k for k in got if got[k] != expected[k])
+        raise ArtifactError(f"its tensors do not fit this model and optimiser (e.g. {wrong[:3]})")
+    try:
+        history = [dict(r) for r in meta["history"]]
+        best_meta = meta["best"]
+        best = None
+        if best_meta is not None:
+            best = (float(best_meta["score"]), int(best_meta["epoch"]), {k: v.clone() for k, v in unprefixed("best", t).items()},
+                    best_meta["metrics"])
+        rng = meta["rng"]
+        _ = rng["python"][1], rng["numpy"]["state"]["key"]  # complete before anything is loaded
+        model.load_state_dict(unprefixed("model", t), strict=True)
+        load_optimizer(optimizer, t)
+        if hasattr(loss_fn, "load_state_dict"):
+            loss_fn.load_state_dict(unprefixed("loss", t))
+        set_rng_state(generator, t, rng)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"its metadata is incomplete ({e!r})") from None
+    return history, best

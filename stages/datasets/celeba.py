@@ -1,0 +1,97 @@
+"""`celeba`: CelebA aligned faces with a target and a spurious attribute (default Blond_Hair / Male).
+
+Raw folder (`dataset.celeba.root`, default data/raw/celeba/), the CSV form of the release
+(as on Kaggle, "jessicali9530/celeba-dataset"): `list_attr_celeba.csv` (`image_id` and 40
+attribute columns valued -1/1), `list_eval_partition.csv` (`image_id, partition`, 0/1/2 =
+train/val/test) and the JPEGs in `img_align_celeba/` (or `img_align_celeba/img_align_celeba/`,
+as the Kaggle zip unpacks).
+
+    y = (target == 1),  a = (attribute == 1),  g = 2y + a
+    official train -> train
+    official val   -> val
+    official test  -> per group, a seeded (1 - test_ood_frac) -> test_id (the training
+                      correlation); from the rest, the same number of images of every group
+                      -> test_ood (group-balanced: the correlation is broken); leftovers unused
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stages.config import CelebAConfig
+from stages.datasets import images, raw
+from stages.io import ArtifactError
+
+WHERE = (
+    "https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (Align&Cropped images) or the CSV "
+    "version at https://www.kaggle.com/datasets/jessicali9530/celeba-dataset"
+)
+ATTR_FILE, PARTITION_FILE = "list_attr_celeba.csv", "list_eval_partition.csv"
+OFFICIAL_SPLITS = {0: "train", 1: "val", 2: "test"}
+# Group counts for y = Blond_Hair, a = Male, groups g = 2y + a (non-blond woman, non-blond
+# man, blond woman, blond man). Source: Sagawa et al., "Distributionally Robust Neural
+# Networks", ICLR 2020, Appendix C.1 (train), and Kirichenko et al., "Last Layer
+# Re-Training is Sufficient ...", ICLR 2023, Table 5 (val, test).
+PUBLISHED = {
+    "train": [71629, 66874, 22880, 1387],
+    "val": [8535, 8276, 2874, 182],
+    "test": [9767, 7535, 2480, 180],
+}
+PUBLISHED_FOR = ("Blond_Hair", "Male")
+SOURCE = "Sagawa et al. 2020; Kirichenko et al. 2023: CelebA Blond_Hair x Male group counts"
+
+
+def image_dir(root: Path) -> Path:
+    """The folder holding the JPEGs: img_align_celeba/, or the Kaggle zip's nested copy."""
+    nested = root / "img_align_celeba" / "img_align_celeba"
+    return nested if nested.is_dir() else root / "img_align_celeba"
+
+
+def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
+    """Read the raw folder, map splits and groups, decode the images and write `out`."""
+    root = raw.require_dir(cfg.root, dataset, WHERE)
+    attr_csv = raw.require_file(root / ATTR_FILE, dataset, WHERE)
+    part_csv = raw.require_file(root / PARTITION_FILE, dataset, WHERE)
+    attrs = raw.read_csv(attr_csv, ("image_id", cfg.target, cfg.attribute))
+    parts = raw.read_csv(part_csv, ("image_id", "partition"))
+    y = (raw.int_column(attrs, cfg.target, attr_csv, (-1, 1)) == 1).astype(np.int64)
+    a = (raw.int_column(attrs, cfg.attribute, attr_csv, (-1, 1)) == 1).astype(np.int64)
+    partition = dict(zip(raw.text_column(parts, "image_id"), raw.int_column(parts, "partition", part_csv, tuple(OFFICIAL_SPLITS)), strict=True))
+    files = raw.text_column(attrs, "image_id")
+    missing = [i for i, f in enumerate(files) if f not in partition]
+    if missing:
+        raise ArtifactError(
+            f"{part_csv}: no partition for image '{files[missing[0]]}' (row {missing[0] + 1} of {attr_csv}); "
+            f"{len(missing)} image(s) like this. Both files must come from the same release (see {raw.DOCS})"
+        )
+    names = np.array([OFFICIAL_SPLITS[int(partition[f])] for f in files], dtype=object)
+    g = y * 2 + a
+    observed = raw.group_counts(names, g, 4, list(PUBLISHED))
+    published = (
+        raw.published_check(observed, PUBLISHED, SOURCE)
+        if (cfg.target, cfg.attribute) == PUBLISHED_FOR
+        else raw.published_check(
+            {s: [sum(c)] for s, c in observed.items()},
+            {s: [sum(c)] for s, c in PUBLISHED.items()},
+            "CelebA split sizes (Liu et al. 2015)",
+        )
+    )
+    split = raw.balanced_ood(names, g, 4, "test", cfg.test_ood_frac, np.random.default_rng(cfg.seed))
+    meta = images.meta_base(
+        dataset,
+        "celeba",
+        cfg,
+        n_classes=2,
+        n_attrs=2,
+        classes=[f"not {cfg.target}", cfg.target],
+        attributes=[f"not {cfg.attribute}", cfg.attribute],
+        raw_checksums={ATTR_FILE: raw.sha256_file(attr_csv), PARTITION_FILE: raw.sha256_file(part_csv)},
+        published_counts=published,
+    )
+    plan = raw.make_plan(np.arange(len(files), dtype=np.int64), split, y, a, meta, {"file": files})
+    folder = image_dir(root)
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder}: image folder not found; unpack img_align_celeba.zip into {root}/ (see {raw.DOCS})")
+    return images.write_images(out, plan, folder, cfg.resolution, cfg.on_bad_image, cfg.workers)

@@ -1,0 +1,100 @@
+"""`civilcomments`: WILDS CivilComments — toxicity with identity mentions as the spurious attribute.
+
+Raw folder (`dataset.civilcomments.root`, default data/raw/civilcomments/): WILDS'
+`civilcomments_v1.0/all_data_with_identities.csv`, columns `comment_text, toxicity, split`
+(train/val/test) and one [0, 1] score column per identity (`male, female, LGBTQ, christian,
+muslim, other_religions, black, white, ...`; empty = not annotated = 0).
+
+    y = toxicity >= threshold,  a = any configured identity >= threshold,  g = 2y + a
+    official train -> train
+    official val   -> val
+    official test  -> per group, a seeded (1 - test_ood_frac) -> test_id; from the rest, the
+                      same number of comments of every group -> test_ood (group-balanced)
+
+Rows carry the comment in `text` and, in `x`, log(1 + count) of the `vocab_size` most frequent
+train words (stages.models.text.bag_of_words).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from stages import artifacts
+from stages.config import CivilCommentsConfig
+from stages.datasets import raw
+from stages.io import ArtifactError, write_parquet_stream
+
+WHERE = (
+    "WILDS (https://wilds.stanford.edu/datasets/#civilcomments; `pip install wilds` then "
+    "`python -c \"import wilds; wilds.get_dataset('civilcomments', download=True)\"` on a machine "
+    "with network access, then copy civilcomments_v1.0/all_data_with_identities.csv)"
+)
+FILE = "all_data_with_identities.csv"
+SPLITS = ("train", "val", "test")
+# Comments per official split in WILDS civilcomments_v1.0 (448,000 in all). Source: Koh et al.,
+# "WILDS: A Benchmark of in-the-Wild Distribution Shifts", ICML 2021, Appendix E.6.
+PUBLISHED = {"train": [269038], "val": [45180], "test": [133782]}
+SOURCE = "Koh et al. 2021 (WILDS), CivilComments split sizes"
+
+
+def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
+    """Read the CSV, map splits and groups, featurise the text and write `out` in row groups."""
+    import pyarrow as pa
+
+    from stages.models.text import bag_of_words, build_vocab
+
+    root = raw.require_dir(cfg.root, dataset, WHERE)
+    csv = raw.require_file(root / FILE, dataset, WHERE)
+    df = raw.read_csv(csv, ("comment_text", "toxicity", "split", *cfg.identities))
+    y = (raw.score_column(df, "toxicity", csv) >= cfg.threshold).astype(np.int64)
+    identity = np.stack([raw.score_column(df, c, csv) for c in cfg.identities], axis=1)
+    a = (identity >= cfg.threshold).any(axis=1).astype(np.int64)
+    names = raw.text_column(df, "split")
+    bad = ~np.isin(names, SPLITS)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ArtifactError(
+            f"{csv}: row {i + 1}: column 'split' is {names[i]!r}, expected one of {list(SPLITS)}; "
+            f"{int(bad.sum())} row(s) like this. Re-download the file (see {raw.DOCS})"
+        )
+    texts = raw.text_column(df, "comment_text")
+    g = y * 2 + a
+    observed = {s: [int((names == s).sum())] for s in SPLITS}
+    split = raw.balanced_ood(names, g, 4, "test", cfg.test_ood_frac, np.random.default_rng(cfg.seed))
+    vocab = build_vocab(texts[split == "train"], cfg.vocab_size)
+    meta = {
+        "dataset": dataset,
+        "kind": "civilcomments",
+        "n_classes": 2,
+        "n_attrs": 2,
+        "shape": [len(vocab)],
+        "text": True,
+        "features": "bag_of_words",
+        "vocab": vocab,
+        "classes": ["non-toxic", "toxic"],
+        "attributes": ["no identity mentioned", "identity mentioned: " + ", ".join(cfg.identities)],
+        "params": dataclasses.asdict(cfg),
+        "raw_checksums": {FILE: raw.sha256_file(csv)},
+        "published_counts": raw.published_check(observed, PUBLISHED, SOURCE),
+    }
+    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"text": texts})
+    schema = artifacts.prepared_schema(len(vocab), text=True)
+    with write_parquet_stream(out, schema) as (stream, file_meta):
+        for start in range(0, len(plan), 16 * raw.CHUNK_ROWS):
+            rows = np.arange(start, min(start + 16 * raw.CHUNK_ROWS, len(plan)))
+            chunk_text = plan.extra["text"][rows].tolist()
+            x = bag_of_words(chunk_text, vocab)
+            table = pa.table(
+                {
+                    **raw.base_table(plan, rows),
+                    "x": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1), type=pa.float32()), len(vocab)),
+                    "text": pa.array(chunk_text, type=pa.string()),
+                }
+            )
+            stream.write(table)
+        file_meta.update(plan.meta)
+        n_rows = stream.num_rows
+    return raw.summary(out, plan.meta, n_rows)

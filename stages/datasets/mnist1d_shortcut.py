@@ -1,0 +1,78 @@
+"""`mnist1d_shortcut`: MNIST-1D signals (Greydanus, 2020) with an injected spurious marker.
+
+The `mnist1d` package generates the 40-sample signals offline from its ten digit templates
+(`mnist1d.data.make_dataset`, no download). y = int(digit < 5); the binary attribute a agrees
+with y with probability rho_train in train/val/test_id and rho_ood in test_ood, and is written
+into the signal as a marker: the first `marker_width` samples get (2a − 1)·spurious_scale
+plus N(0, spurious_noise²) noise per sample. Splits and attribute counts are drawn exactly as
+for colored_digits (stratified by y, exact agreement counts per split and class).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+
+from stages.artifacts import SPLITS
+from stages.config import Mnist1DShortcutConfig
+from stages.datasets import Generated
+from stages.datasets.colored_digits import assign_attributes, assign_splits
+
+LENGTH = 40
+
+
+def load_signals(num_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(signals (n, 40) float64, digits (n,)) from mnist1d's generator with its default transforms.
+
+    mnist1d seeds and draws from numpy's and Python's global RNGs; their states are restored
+    afterwards so nothing else in the process is affected.
+    """
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed, args.train_split = num_samples, seed, 1.0
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        data = make_dataset(args)
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    return np.asarray(data["x"], dtype=np.float64), np.asarray(data["y"], dtype=np.int64)
+
+
+def inject_marker(x: np.ndarray, a: np.ndarray, cfg: Mnist1DShortcutConfig, rng: np.random.Generator) -> np.ndarray:
+    """A copy of `x` whose first marker_width samples carry ±spurious_scale (+ noise) for a = 1 / 0."""
+    out = x.copy()
+    w = cfg.marker_width
+    out[:, :w] += (2 * a[:, None] - 1) * cfg.spurious_scale + cfg.spurious_noise * rng.standard_normal((len(x), w))
+    return out
+
+
+def generate(cfg: Mnist1DShortcutConfig) -> Generated:
+    """All four splits, rows ordered by split (train, val, test_id, test_ood) then id.
+
+    An example's id is its index in mnist1d's output; one stream `default_rng(seed)` draws,
+    in order, the split permutation, the attribute permutation and the marker noise.
+    """
+    signals, digits = load_signals(cfg.num_samples, cfg.seed)
+    y = (digits < 5).astype(np.int64)
+    rng = np.random.default_rng(cfg.seed)
+    split = assign_splits(y, cfg, rng)  # type: ignore[arg-type]  # same fraction keys as colored_digits
+    a = assign_attributes(y, split, cfg, rng)  # type: ignore[arg-type]
+    x = inject_marker(signals, a, cfg, rng).astype(np.float32)
+    rank = {name: i for i, name in enumerate(SPLITS)}
+    order = np.lexsort((np.arange(len(y)), np.array([rank[s] for s in split])))
+    columns = {"id": order.astype(np.int64), "split": split[order], "y": y[order], "a": a[order], "x": x[order]}
+    meta = {
+        "kind": "mnist1d_shortcut",
+        "n_classes": 2,
+        "n_attrs": 2,
+        "shape": [LENGTH],
+        "rho_train": cfg.rho_train,
+        "rho_ood": cfg.rho_ood,
+        "params": dataclasses.asdict(cfg),
+        "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
+    }
+    return columns, meta

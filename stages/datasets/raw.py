@@ -1,0 +1,302 @@
+"""What the real-benchmark loaders share: the raw folder, CSV columns and domains, checksums,
+split carving, published counts, and the plan of rows a loader hands to the writer.
+
+A loader (waterbirds, celeba, camelyon17, civilcomments) reads `data/raw/<dataset>/` into a
+`Plan` — one entry per output row, already in output order (split, then id) — and lets
+`stages.datasets.images` (pixels) or its own code (text) stream the prepared file.
+Every error names the file, the row and what to do about it. See docs/datasets.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages.artifacts import SPLITS
+from stages.datasets import round_half_up
+from stages.io import ArtifactError
+
+DOCS = "docs/datasets.md"
+# Rows are written in blocks of this many, whatever the number of workers, so the file's
+# bytes never depend on the machine.
+CHUNK_ROWS = 256
+
+
+def require_dir(root: str | Path, dataset: str, where: str) -> Path:
+    """`root` as a Path if it is a folder; otherwise an error saying where to get the data."""
+    path = Path(root)
+    if not path.is_dir():
+        raise ArtifactError(
+            f"{path}: raw data folder for '{dataset}' not found. Download it from {where}, "
+            f"unpack it so that {path}/ holds the files listed in {DOCS} (section '{dataset}'), "
+            f"then `dvc add {path}` to track it (or set dataset.{dataset}.root)"
+        )
+    return path
+
+
+def require_file(path: Path, dataset: str, where: str) -> Path:
+    """`path` if it is a file; otherwise an error naming it and where it comes from."""
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: not found; the '{dataset}' download ({where}) has this file at the top of "
+            f"the raw folder; see {DOCS} (section '{dataset}')"
+        )
+    return path
+
+
+def read_csv(path: Path, columns: Sequence[str]) -> Any:
+    """The named columns of a CSV file as a pyarrow Table of strings (empty fields are null).
+
+    A missing column names the file and the column. Values are parsed by `int_column`,
+    `score_column` and `text_column`, which name the row of any bad one.
+    """
+    import csv
+
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ArtifactError(f"{path}: not a readable CSV file ({e})") from e
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ArtifactError(
+            f"{path}: missing column(s) {missing}; the file has {header[:12]}{' ...' if len(header) > 12 else ''}. "
+            f"Is this the right file of the public release? See {DOCS}"
+        )
+    try:
+        return pacsv.read_csv(
+            path,
+            parse_options=pacsv.ParseOptions(newlines_in_values=True),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=list(columns),
+                column_types=dict.fromkeys(columns, pa.string()),
+                strings_can_be_null=True,
+            ),
+        )
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{path}: could not parse columns {list(columns)} ({e})") from e
+
+
+def _numbers(table: Any, column: str) -> np.ndarray:
+    """A string column as float64: NaN where empty or not a number."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    col = table.column(column)
+    try:
+        # combine_chunks: ChunkedArray.to_numpy would import pandas (~0.3 s per stage run)
+        return pc.cast(col, pa.float64()).combine_chunks().to_numpy(zero_copy_only=False).astype(np.float64)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # some value is not a number: go row by row
+        out = np.full(len(col), np.nan)
+        for i, v in enumerate(col.to_pylist()):
+            with contextlib.suppress(TypeError, ValueError):
+                out[i] = float(v)
+        return out
+
+
+def int_column(table: Any, column: str, path: Path, domain: Sequence[int] | None = None) -> np.ndarray:
+    """Column `column` as int64; a non-integer value or one outside `domain` names its row."""
+    values = _numbers(table, column)
+    bad = ~np.isfinite(values) | (values != np.round(values))
+    if domain is not None:
+        bad |= ~np.isin(values, np.asarray(domain, dtype=np.float64))
+    _raise_on_bad(bad, table, column, path, f"an integer in {list(domain)}" if domain is not None else "an integer")
+    return values.astype(np.int64)
+
+
+def score_column(table: Any, column: str, path: Path) -> np.ndarray:
+    """A [0, 1] score column as float64; empty values read as 0, anything else out of range names its row."""
+    values = _numbers(table, column)
+    empty = np.asarray(table.column(column).is_null().combine_chunks().to_numpy(zero_copy_only=False), dtype=bool)
+    bad = (~empty & ~np.isfinite(values)) | (values < 0) | (values > 1)
+    _raise_on_bad(bad, table, column, path, "a score in [0, 1] (or empty)")
+    return np.nan_to_num(values, nan=0.0)
+
+
+def text_column(table: Any, column: str) -> np.ndarray:
+    """A string column as an object array, empty values as ""."""
+    return np.asarray(["" if v is None else v for v in table.column(column).to_pylist()], dtype=object)
+
+
+def _raise_on_bad(bad: np.ndarray, table: Any, column: str, path: Path, expected: str) -> None:
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        first = int(rows[0])
+        value = table.column(column)[first].as_py()
+        raise ArtifactError(
+            f"{path}: row {first + 1} (line {first + 2}): column '{column}' is {value!r}, "
+            f"expected {expected}; {len(rows)} row(s) like this. The file looks edited or from "
+            f"another release: re-download it (see {DOCS})"
+        )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- splits ------------------------------------------------------------------------------------
+
+
+def carve(
+    split: np.ndarray, strata: np.ndarray, source: str, target: str, frac: float, rng: np.random.Generator
+) -> np.ndarray:
+    """A copy of `split` where, in each stratum, round(n·frac) seeded rows of `source` become `target`
+    (at least one when the stratum has two or more)."""
+    out = split.copy()
+    for s in np.unique(strata[split == source]):
+        idx = rng.permutation(np.flatnonzero((split == source) & (strata == s)))
+        k = round_half_up(len(idx) * frac)
+        if len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        out[idx[:k]] = target
+    return out
+
+
+def balanced_ood(
+    split: np.ndarray, g: np.ndarray, n_groups: int, source: str, frac: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Split `source` into test_id and a group-balanced test_ood (for benchmarks whose test split
+    has the training correlation).
+
+    Per group, a seeded round(n·frac) of its `source` rows form the OOD pool and the rest become
+    test_id; test_ood then takes the same number of rows from every group's pool (the smallest
+    pool), and the pool's other rows are dropped (split ""), so in test_ood the attribute
+    carries no information about the label.
+    """
+    out = split.copy()
+    pools = []
+    for gg in range(n_groups):
+        idx = rng.permutation(np.flatnonzero((split == source) & (g == gg)))
+        k = round_half_up(len(idx) * frac)
+        if len(idx) >= 2:
+            k = min(max(k, 1), len(idx) - 1)
+        out[idx[k:]] = "test_id"
+        pools.append(idx[:k])
+    m = min(len(p) for p in pools)
+    for pool in pools:
+        out[pool[:m]] = "test_ood"
+        out[pool[m:]] = ""
+    return out
+
+
+def group_counts(split: np.ndarray, g: np.ndarray, n_groups: int, names: Sequence[str]) -> dict[str, list[int]]:
+    """{split name: [count of group 0, 1, ...]} for the given split names."""
+    return {s: [int(((split == s) & (g == gg)).sum()) for gg in range(n_groups)] for s in names}
+
+
+def published_check(
+    observed: dict[str, list[int]], published: dict[str, list[int]], source: str
+) -> dict[str, Any] | None:
+    """The metadata `validate` compares when the full release is present (same total), else None."""
+    total = sum(map(sum, observed.values()))
+    if total != sum(map(sum, published.values())):
+        return None
+    return {"source": source, "expected": published, "observed": observed}
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """The rows a loader will write, in output order, plus the metadata it knows before decoding."""
+
+    id: np.ndarray
+    split: np.ndarray
+    y: np.ndarray
+    a: np.ndarray
+    row: np.ndarray  # 1-based data row in the source CSV, for error messages
+    meta: dict[str, Any]
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. file, text
+
+    def __len__(self) -> int:
+        return len(self.id)
+
+
+def make_plan(
+    ids: np.ndarray,
+    split: np.ndarray,
+    y: np.ndarray,
+    a: np.ndarray,
+    meta: dict[str, Any],
+    extra: Mapping[str, np.ndarray] | None = None,
+) -> Plan:
+    """Keep the rows whose split is one of SPLITS and order them by split, then id.
+
+    Also checks every held-out split holds its groups (naming the split and group if not)
+    and records the split sizes and observed agreement rates P(a == y) in `meta`.
+    """
+    from stages.prepare import check_groups
+
+    rank = {name: i for i, name in enumerate(SPLITS)}
+    split_rank = np.array([rank.get(s, -1) for s in split])
+    keep = np.flatnonzero(split_rank >= 0)
+    order = keep[np.lexsort((ids[keep], split_rank[keep]))]
+    plan = Plan(
+        id=ids[order].astype(np.int64),
+        split=np.asarray(split[order], dtype=object),
+        y=y[order].astype(np.int64),
+        a=a[order].astype(np.int64),
+        row=order.astype(np.int64) + 1,
+        meta=dict(meta),
+        extra={k: np.asarray(v)[order] for k, v in (extra or {}).items()},
+    )
+    check_groups(
+        meta["dataset"], plan.split, plan.y, plan.a, meta["n_classes"], meta["n_attrs"], meta.get("split_groups")
+    )
+    plan.meta.update(observed_stats(plan, np.ones(len(plan), dtype=bool)))
+    return plan
+
+
+def observed_stats(plan: Plan, kept: np.ndarray) -> dict[str, Any]:
+    """`split_sizes`, `rho_train` and `rho_ood` of the plan's `kept` rows.
+
+    Real data has no configured rho: the metadata records the observed agreement rates
+    P(a == y), so `validate` checks the file against what the loader wrote.
+    """
+    rates = {}
+    for s in ("train", "test_ood"):
+        m = kept & (plan.split == s)
+        rates[s] = round(float(np.mean(plan.a[m] == plan.y[m])), 6) if m.any() else 0.0
+    return {
+        "split_sizes": {s: int((kept & (plan.split == s)).sum()) for s in SPLITS},
+        "rho_train": rates["train"],
+        "rho_ood": rates["test_ood"],
+    }
+
+
+def base_table(plan: Plan, index: np.ndarray) -> dict[str, Any]:
+    """The contract's scalar columns of rows `index` of the plan, as Arrow arrays."""
+    import pyarrow as pa
+
+    n_attrs = int(plan.meta["n_attrs"])
+    y, a = plan.y[index], plan.a[index]
+    return {
+        "id": pa.array(plan.id[index], type=pa.int64()),
+        "split": pa.array(plan.split[index].tolist(), type=pa.string()),
+        "y": pa.array(y, type=pa.int64()),
+        "a": pa.array(a, type=pa.int64()),
+        "g": pa.array(y * n_attrs + a, type=pa.int64()),
+    }
+
+
+def summary(path: Path, meta: Mapping[str, Any], n_rows: int) -> str:
+    """The prepare stage's one-line summary for a streamed file."""
+    sizes = ", ".join(f"{s} {meta['split_sizes'][s]}" for s in SPLITS)
+    skipped = f", {meta['n_skipped']} unreadable image(s) skipped" if meta.get("n_skipped") else ""
+    n_groups = int(meta["n_classes"]) * int(meta["n_attrs"])
+    return f"wrote {path}: {n_rows} rows ({sizes}), {n_groups} groups, x dim {int(np.prod(meta['shape']))}{skipped}"

@@ -1,0 +1,66 @@
+"""`waterbirds`: the Waterbirds release `waterbird_complete95_forest2water2` (Sagawa et al., 2020).
+
+Raw folder (`dataset.waterbirds.root`, default data/raw/waterbirds/): `metadata.csv` with
+columns `img_filename, y, split, place` (y = 1 waterbird, place = 1 water background, split
+0/1/2 = train/val/test) and the images at the paths `img_filename` gives.
+
+    y = y,  a = place,  g = 2y + a
+    official train -> train, minus a seeded test_id_frac of each group -> test_id
+    official val   -> val     (group-balanced within each class, as released)
+    official test  -> test_ood (group-balanced within each class: the correlation is broken)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from stages.config import WaterbirdsConfig
+from stages.datasets import images, raw
+
+WHERE = (
+    "https://github.com/kohpangwei/group_DRO (the 'waterbird_complete95_forest2water2' tarball, "
+    "https://nlp.stanford.edu/data/dro/waterbird_complete95_forest2water2.tar.gz)"
+)
+COLUMNS = ("img_filename", "y", "split", "place")
+OFFICIAL_SPLITS = {0: "train", 1: "val", 2: "test"}
+# Group counts of the release, per official split, groups g = 2y + place
+# (landbird/land, landbird/water, waterbird/land, waterbird/water).
+# Source: Sagawa et al., "Distributionally Robust Neural Networks", ICLR 2020, Appendix C.1
+# (train 3498/184/56/1057; val and test balanced by place within each class).
+PUBLISHED = {
+    "train": [3498, 184, 56, 1057],
+    "val": [467, 466, 133, 133],
+    "test": [2255, 2255, 642, 642],
+}
+SOURCE = "Sagawa et al. 2020 (group DRO), Waterbirds group counts"
+
+
+def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
+    """Read the raw folder, map splits and groups, decode the images and write `out`."""
+    root = raw.require_dir(cfg.root, dataset, WHERE)
+    csv = raw.require_file(root / "metadata.csv", dataset, WHERE)
+    df = raw.read_csv(csv, COLUMNS)
+    y = raw.int_column(df, "y", csv, (0, 1))
+    a = raw.int_column(df, "place", csv, (0, 1))
+    official = raw.int_column(df, "split", csv, tuple(OFFICIAL_SPLITS))
+    names = np.array([OFFICIAL_SPLITS[s] for s in official], dtype=object)
+    g = y * 2 + a
+    observed = raw.group_counts(names, g, 4, list(PUBLISHED))
+    split = np.where(names == "test", "test_ood", names).astype(object)
+    split = raw.carve(split, g, "train", "test_id", cfg.test_id_frac, np.random.default_rng(cfg.seed))
+    meta = images.meta_base(
+        dataset,
+        "waterbirds",
+        cfg,
+        n_classes=2,
+        n_attrs=2,
+        classes=["landbird", "waterbird"],
+        attributes=["land", "water"],
+        raw_checksums={"metadata.csv": raw.sha256_file(csv)},
+        published_counts=raw.published_check(observed, PUBLISHED, SOURCE),
+    )
+    files = raw.text_column(df, "img_filename")
+    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"file": files})
+    return images.write_images(out, plan, root, cfg.resolution, cfg.on_bad_image, cfg.workers)

@@ -1,0 +1,297 @@
+"""A class-conditional autoregressive model used as a classifier (method kind `autoregressive`).
+
+An input becomes a sequence of discrete tokens (a `Tokenizer`); a small causal transformer
+reads [class token y, tok_1, ..., tok_{L−1}] and predicts tok_1..tok_L, so
+
+    log p(x̃ | y) = Σ_j log p(tok_j | tok_<j, y)        (x̃ = the tokenised input)
+
+is exact. The class score is log p(x̃ | y) + log π_y (π from train label counts), and **the
+logits written to predictions are these joint log-probabilities** (nats): softmax of them
+is the model's posterior p(y | x̃). All classes of a batch go through one forward (n·K
+sequences). `log_likelihood(x)` = log Σ_y exp(logits) = log p(x̃), the model's likelihood of
+the tokenised input (a discrete distribution over bins, so it is ≤ 0).
+
+Tokenizers (the `Tokenizer` protocol: `encode(x) -> (tokens, mask)`, `vocab_size`,
+`seq_len`, `arch()`; their parameters are buffers saved with the model):
+
+- `QuantileTokenizer` — vectors/pixels: feature j becomes bin index 0..bins−1, with
+  bins−1 edges per feature either at the train split's quantiles (`quantile`) or evenly
+  over its train range (`uniform`). L = number of features.
+- `ByteTokenizer` — text: UTF-8 bytes (0..255) then an end token (256), truncated to
+  `max_len` tokens, padding masked out of the sum. Plugs into the same model; a prepared
+  text dataset (`text` column) only needs the train stage to pass strings instead of x.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.models.generative import log_priors, logsumexp_np
+
+BIN_EDGES = ("quantile", "uniform")
+
+
+class Tokenizer(Protocol):
+    """Turns raw inputs into fixed-width token ids plus a mask of the real tokens."""
+
+    kind: str
+    vocab_size: int
+    seq_len: int
+
+    def encode(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens int64 (n, seq_len), mask bool (n, seq_len)); masked-out tokens are padding."""
+        ...
+
+    def arch(self) -> dict[str, Any]:
+        """Constructor arguments, saved in the model's metadata."""
+        ...
+
+
+class QuantileTokenizer(nn.Module):
+    """Per-feature quantisation into `bins` bins; `edges` (d, bins − 1) is a buffer."""
+
+    kind = "quantile"
+
+    def __init__(self, dim: int, bins: int, edges: str = "quantile") -> None:
+        super().__init__()
+        if bins < 2:
+            raise ValueError(f"bins must be >= 2, got {bins}")
+        if edges not in BIN_EDGES:
+            raise ValueError(f"edges must be one of {list(BIN_EDGES)}, got '{edges}'")
+        self.dim, self.bins, self.edge_rule = int(dim), int(bins), edges
+        self.vocab_size, self.seq_len = self.bins, self.dim
+        self.register_buffer("edges", torch.zeros(self.dim, self.bins - 1))
+
+    def arch(self) -> dict[str, Any]:
+        return {"tokenizer": self.kind, "bins": self.bins, "bin_edges": self.edge_rule}
+
+    @torch.no_grad()
+    def fit(self, x: torch.Tensor) -> QuantileTokenizer:
+        """Set the edges from train inputs `x` (n, d)."""
+        x64 = x.double()
+        inner = torch.arange(1, self.bins, dtype=torch.float64) / self.bins  # (bins − 1,)
+        if self.edge_rule == "quantile":
+            edges = torch.quantile(x64, inner, dim=0).T  # (d, bins − 1)
+        else:
+            lo, hi = x64.min(0).values, x64.max(0).values
+            edges = lo[:, None] + (hi - lo)[:, None] * inner[None, :]
+        self.edges.copy_(edges.float())
+        return self
+
+    def encode(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.float() if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
+        # Bin = number of edges <= value, so equal (degenerate) edges just leave bins empty.
+        tokens = torch.searchsorted(self.edges, x.T.contiguous(), right=True).T
+        return tokens.contiguous(), torch.ones_like(tokens, dtype=torch.bool)
+
+
+class ByteTokenizer(nn.Module):
+    """UTF-8 bytes + an end token, truncated/padded to `max_len`."""
+
+    kind = "bytes"
+    END = 256
+
+    def __init__(self, max_len: int) -> None:
+        super().__init__()
+        self.vocab_size, self.seq_len = 257, int(max_len)
+
+    def arch(self) -> dict[str, Any]:
+        return {"tokenizer": self.kind, "max_len": self.seq_len}
+
+    def encode(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        texts: Sequence[str] = list(x)
+        tokens = torch.zeros(len(texts), self.seq_len, dtype=torch.int64)
+        mask = torch.zeros(len(texts), self.seq_len, dtype=torch.bool)
+        for i, text in enumerate(texts):
+            ids = [*text.encode("utf-8")[: self.seq_len - 1], self.END]
+            tokens[i, : len(ids)] = torch.tensor(ids)
+            mask[i, : len(ids)] = True
+        return tokens, mask
+
+
+def build_tokenizer(arch: dict[str, Any], dim: int) -> nn.Module:
+    """The tokenizer described by a model's metadata (`tokenizer` and its arguments)."""
+    if arch.get("tokenizer") == "quantile":
+        return QuantileTokenizer(dim, int(arch["bins"]), str(arch["bin_edges"]))
+    if arch.get("tokenizer") == "bytes":
+        return ByteTokenizer(int(arch["max_len"]))
+    raise ValueError(f"unknown tokenizer {arch.get('tokenizer')!r} (expected 'quantile' or 'bytes')")
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm transformer block: causal multi-head self-attention, then a GELU MLP."""
+
+    def __init__(self, d_model: int, heads: int, ff: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, ff), nn.GELU(), nn.Linear(ff, d_model))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, n, d = h.shape
+        q, k, v = self.qkv(self.ln1(h)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.proj(a.transpose(1, 2).reshape(b, n, d))
+        return h + self.mlp(self.ln2(h))
+
+
+class AutoregressiveClassifier(nn.Module):
+    """Tokenizer + class-conditional causal transformer; scores as in the module docstring."""
+
+    kind = "autoregressive"
+
+    def __init__(
+        self,
+        in_dim: int,
+        n_classes: int,
+        tokenizer: nn.Module,
+        d_model: int = 32,
+        layers: int = 2,
+        heads: int = 2,
+        ff: int = 64,
+        score_rows: int = 2048,
+    ) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.in_dim, self.n_classes = int(in_dim), int(n_classes)
+        self.d_model, self.n_layers, self.heads, self.ff = int(d_model), int(layers), int(heads), int(ff)
+        self.score_rows = int(score_rows)
+        self.tokenizer = tokenizer
+        seq_len = tokenizer.seq_len
+        self.token_embedding = nn.Embedding(tokenizer.vocab_size, self.d_model)
+        self.class_embedding = nn.Embedding(self.n_classes, self.d_model)
+        self.position = nn.Parameter(torch.randn(seq_len, self.d_model) * 0.02)
+        self.blocks = nn.ModuleList([CausalBlock(self.d_model, self.heads, self.ff) for _ in range(self.n_layers)])
+        self.ln_f = nn.LayerNorm(self.d_model)
+        self.head = nn.Linear(self.d_model, tokenizer.vocab_size)
+        self.register_buffer(
+            "log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64)
+        )
+        self._cache: tuple[bytes, np.ndarray] | None = None
+
+    def arch(self) -> dict[str, Any]:
+        """The architecture arguments `load_model` rebuilds this model from."""
+        return {
+            "kind": self.kind, "in_dim": self.in_dim, "n_classes": self.n_classes, "d_model": self.d_model,
+            "layers": self.n_layers, "heads": self.heads, "ff": self.ff, "score_rows": self.score_rows,
+            **self.tokenizer.arch(),
+        }
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any]) -> AutoregressiveClassifier:
+        """Rebuild from `arch()` metadata (KeyError/ValueError when it does not fit)."""
+        in_dim = int(arch["in_dim"])
+        return cls(
+            in_dim, int(arch["n_classes"]), build_tokenizer(arch, in_dim), int(arch["d_model"]),
+            int(arch["layers"]), int(arch["heads"]), int(arch["ff"]), int(arch["score_rows"]),
+        )
+
+    def cost_per_example(self) -> dict[str, int]:
+        """params: numbers in the state_dict; macs: one sequence per class through the
+        blocks (projections, causal attention, MLP) and the output head; forward_passes: K."""
+        n, d, f, v = self.tokenizer.seq_len, self.d_model, self.ff, self.tokenizer.vocab_size
+        attention = n * (n + 1) // 2 * d * 2  # QKᵀ and AV over the causal triangle
+        per_seq = self.n_layers * (n * (4 * d * d + 2 * d * f) + attention) + n * d * v
+        params = sum(t.numel() for t in self.state_dict().values())
+        return {"params": int(params), "macs": int(per_seq * self.n_classes), "forward_passes": self.n_classes}
+
+    def sequence_log_prob(self, tokens: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Σ_j log p(tok_j | tok_<j, y) over the real tokens (float32, (B,))."""
+        inp = torch.cat([self.class_embedding(y)[:, None], self.token_embedding(tokens[:, :-1])], dim=1)
+        h = inp + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        logp = F.log_softmax(self.head(self.ln_f(h)), dim=-1)
+        return (logp.gather(2, tokens.unsqueeze(2)).squeeze(2) * mask).sum(1)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean negative log-likelihood per real token of a batch of raw inputs given their labels."""
+        tokens, mask = self.tokenizer.encode(batch["x"])
+        return -self.sequence_log_prob(tokens, mask, batch["y"]).sum() / mask.sum()
+
+    def class_log_probs(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """log p(x̃ | y) for every class (float64, (n, K)): all n·K sequences in one forward."""
+        n, k = len(tokens), self.n_classes
+        rows_y = torch.arange(k).repeat(n)
+        lp = self.sequence_log_prob(tokens.repeat_interleave(k, 0), mask.repeat_interleave(k, 0), rows_y)
+        return lp.view(n, k).double()
+
+    @torch.no_grad()
+    def joint(self, x: Any) -> np.ndarray:
+        """log p(x̃, y) = log p(x̃ | y) + log π_y (float64, (n, K))."""
+        was_training = self.training
+        self.eval()
+        try:
+            tokens, mask = self.tokenizer.encode(x)
+            chunk = max(1, self.score_rows // self.n_classes)
+            out = [self.class_log_probs(tokens[i : i + chunk], mask[i : i + chunk]) for i in range(0, len(tokens), chunk)]
+            scores = torch.cat(out) if out else torch.zeros(0, self.n_classes, dtype=torch.float64)
+            return (scores + self.log_priors).numpy()
+        finally:
+            self.train(was_training)
+
+    def train(self, mode: bool = True) -> AutoregressiveClassifier:
+        self._cache = None  # weights are about to change (or just did)
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self._cache = None
+
+    def _cached_joint(self, x: Any) -> np.ndarray:
+        """`joint(x)`, remembered for the last input so logits + log_likelihood score once."""
+        if isinstance(self.tokenizer, QuantileTokenizer):
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            if x.ndim != 2 or x.shape[1] != self.in_dim:
+                from stages.io import ArtifactError
+
+                raise ArtifactError(f"model expects inputs of shape (n, {self.in_dim}), got {x.shape}")
+            key = hashlib.sha256(x.tobytes()).digest() + str(x.shape).encode()
+        else:
+            key = hashlib.sha256("\0".join(map(str, x)).encode()).digest()
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, self.joint(x))
+        return self._cache[1]
+
+    def logits(self, x: Any, batch_size: int = 2048) -> np.ndarray:
+        """log p(x̃, y) (float32, (n, K)); softmax gives p(y | x̃). Scored in chunks of `score_rows` sequences."""
+        return self._cached_joint(x).astype(np.float32)
+
+    def log_likelihood(self, x: Any) -> np.ndarray:
+        """log p(x̃) = log Σ_y p(x̃, y) per example (float64, (n,))."""
+        return logsumexp_np(self._cached_joint(x))
+
+
+def train_autoregressive(prepared: Any, cfg: Any, seed: int, desc: str = "train autoregressive") -> tuple[AutoregressiveClassifier, Any]:
+    """Fit an AutoregressiveClassifier (AutoregressiveConfig `cfg`) on the train split's
+    quantised features; select by `cfg.selection`. Returns (model with the selected weights, FitResult)."""
+    from stages.models.generative import GenerativeFitOptions, fit_generative
+    from stages.models.training import split_data
+    from stages.runtime import setup_torch
+
+    generator = setup_torch(seed)
+    splits = split_data(prepared)
+    train = splits["train"]
+    dim = prepared.x.shape[1]
+    tokenizer = QuantileTokenizer(dim, cfg.bins, cfg.bin_edges).fit(train.x)
+    model = AutoregressiveClassifier(dim, prepared.n_classes, tokenizer, cfg.d_model, cfg.layers, cfg.heads, cfg.ff)
+    with torch.no_grad():
+        model.log_priors.copy_(log_priors(train.y, prepared.n_classes))
+
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(model.joint(x))
+
+    result = fit_generative(model, splits, model.loss, scorer, GenerativeFitOptions.from_config(cfg), generator, desc)
+    model.load_state_dict(result.state_dict)
+    return model.eval(), result

@@ -1,0 +1,456 @@
+"""A class-conditional DDPM used as a classifier (method kind `diffusion`).
+
+Model. Inputs are standardised with train statistics (buffers, as for every network here),
+z = (x − mean) / std. The forward process is q(z_t | z) = N(√ᾱ_t z, (1 − ᾱ_t) I) for
+t = 1..T with a `linear` (Ho et al. 2020, rescaled to T steps) or `cosine` (Nichol &
+Dhariwal 2021) schedule of β_t. The denoiser ε_θ(z_t, t, y) predicts the noise: an MLP
+with time and class embeddings for vectors, a small conv net for image-shaped inputs (the
+prepared file's `shape`, e.g. [3, 8, 8]). It is trained from scratch with the simple loss
+E‖ε_θ(z_t, t, y) − ε‖², t ~ U{1..T}; with `class_dropout` p a label is replaced by a
+"null" class with probability p (classifier-free training; scoring always conditions).
+
+Scoring. For every example, S = `draws` pairs (t_s, ε_s) are drawn — t_s stratified over
+[1, T] (one draw per stratum, strata visited in van der Corput order so every prefix of the
+draws is also spread over [1, T]) — and the SAME pairs are used for every class. All classes
+× draws of a chunk of examples go through the denoiser in one batched forward. With
+e_s(y) = ‖ε_θ(z_{t_s}, t_s, y) − ε_s‖²:
+
+    simple:  score(y) = −(1/S) Σ_s e_s(y)
+    elbo:    score(y) = −(T/S) Σ_s w(t_s) e_s(y),   w(t) = β_t / (2 α_t (1 − ᾱ_t))
+
+`elbo` is a Monte-Carlo estimate of −Σ_t L_{t−1}, the y-dependent part of the negative
+ELBO of log p(x | y) (decoder and reverse variances σ_t² = β_t); `simple` drops the weights
+(Li et al. 2023 find it classifies better). **The logits written to predictions are
+score(y) + log π_y** (π from train label counts): softmax of them is the model's posterior
+with the ELBO standing in for log p(x | y) (`elbo`), or a posterior at an arbitrary
+temperature (`simple`) — ECE/NLL of `simple` measure that temperature as well.
+
+Adaptive pruning (`prune_keep` k > 0): every class is scored with the first `prune_draws`
+draws, the k best are kept and scored with the remaining draws as well. A kept class's score
+is then exactly its full-scoring score (same draws); a pruned class keeps its coarse score,
+capped just below the lowest kept score so the prediction is always a kept class. Network
+evaluations per example: K·S₁ + k·(S − S₁) instead of K·S.
+
+`log_likelihood(x)` = log Σ_y exp(ELBO(x, y) + log π_y): the ELBO-weighted estimate of the
+same draws plus the prior and decoder constants, in raw (unstandardised) units — a
+stochastic lower-bound estimate of log p(x), comparable across examples of one model.
+
+Determinism: the draws come from a generator seeded with `score_seed`, consumed in chunks
+of a fixed number of examples (`score_rows` // (K·S)), so scores depend only on the model
+and the inputs — not on the caller's batch size or the global RNG.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stages.models.generative import LOG_2PI, log_priors, logsumexp_np
+from stages.models.nets import Standardize
+
+SCHEDULES = ("linear", "cosine")
+WEIGHTINGS = ("simple", "elbo")
+DENOISERS = ("auto", "mlp", "conv")
+TIME_FEATURES = 32
+MAX_BETA = 0.999
+
+
+# ---- schedule and draws -------------------------------------------------------------------
+
+
+def noise_schedule(kind: str, steps: int) -> torch.Tensor:
+    """β_1..β_T (float64, shape (T,)) of the `linear` or `cosine` schedule."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if kind == "linear":
+        scale = 1000.0 / steps  # Ho et al.'s 1e-4..0.02 over 1000 steps, stretched to T steps
+        return torch.linspace(scale * 1e-4, min(scale * 0.02, MAX_BETA), steps, dtype=torch.float64)
+    if kind == "cosine":
+        s = 0.008
+        grid = torch.arange(steps + 1, dtype=torch.float64) / steps
+        f = torch.cos((grid + s) / (1 + s) * math.pi / 2) ** 2
+        alpha_bar = f / f[0]
+        return (1 - alpha_bar[1:] / alpha_bar[:-1]).clamp(max=MAX_BETA)
+    raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got '{kind}'")
+
+
+def stratum_order(draws: int) -> np.ndarray:
+    """Which stratum of [1, T] draw s falls in: a permutation of 0..S−1 in van der Corput
+    order (bit reversal when S is a power of 2), so any prefix of the draws is spread out."""
+    def radical_inverse(i: int) -> float:
+        out, f = 0.0, 0.5
+        while i:
+            out += f * (i & 1)
+            i >>= 1
+            f /= 2
+        return out
+
+    vdc = np.array([radical_inverse(i) for i in range(draws)])
+    return np.argsort(np.argsort(vdc, kind="stable"), kind="stable")
+
+
+def draw_noise(
+    n: int, draws: int, dim: int, steps: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t, ε) for n examples: t int64 (n, S) stratified over [1, T], ε float32 (n, S, dim)."""
+    order = torch.from_numpy(stratum_order(draws)).double()
+    u = torch.rand(n, draws, generator=generator, dtype=torch.float64)
+    t = (1 + torch.floor((order + u) * steps / draws)).long().clamp_(1, steps)
+    eps = torch.randn(n, draws, dim, generator=generator)
+    return t, eps
+
+
+def timestep_features(steps: int, dim: int = TIME_FEATURES) -> torch.Tensor:
+    """Sinusoidal features of t = 0..T (float32, (T + 1, dim))."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
+    angles = torch.arange(steps + 1, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1).float()
+
+
+# ---- denoisers ----------------------------------------------------------------------------
+
+
+class _Conditioning(nn.Module):
+    """time_mlp(sinusoid(t)) + class_embedding(y), y == n_classes being the null class."""
+
+    def __init__(self, steps: int, n_classes: int, width: int) -> None:
+        super().__init__()
+        self.register_buffer("features", timestep_features(steps), persistent=False)
+        self.time_mlp = nn.Sequential(nn.Linear(TIME_FEATURES, width), nn.SiLU(), nn.Linear(width, width))
+        self.class_embedding = nn.Embedding(n_classes + 1, width)
+
+    def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The time MLP runs once over the T + 1 table, then rows index it.
+        return self.time_mlp(self.features)[t] + self.class_embedding(y)
+
+
+class MLPDenoiser(nn.Module):
+    """ε_θ for vectors: in-projection + conditioning, `depth` residual SiLU layers, out-projection."""
+
+    def __init__(self, in_dim: int, n_classes: int, steps: int, width: int, depth: int) -> None:
+        super().__init__()
+        self.cond = _Conditioning(steps, n_classes, width)
+        self.inp = nn.Linear(in_dim, width)
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
+        self.out = nn.Linear(width, in_dim)
+
+    def forward(self, z_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.inp(z_t) + self.cond(t, y)
+        for layer in self.layers:
+            h = h + layer(F.silu(h))
+        return self.out(F.silu(h))
+
+
+class ConvDenoiser(nn.Module):
+    """ε_θ for (C, H, W) images: 3×3 convs with `width` channels, conditioning added per channel."""
+
+    def __init__(self, shape: list[int], n_classes: int, steps: int, width: int, depth: int) -> None:
+        super().__init__()
+        self.shape = [int(s) for s in shape]
+        c = self.shape[0]
+        self.cond = _Conditioning(steps, n_classes, width)
+        self.inp = nn.Conv2d(c, width, 3, padding=1)
+        self.layers = nn.ModuleList([nn.Conv2d(width, width, 3, padding=1) for _ in range(depth)])
+        self.out = nn.Conv2d(width, c, 3, padding=1)
+        # oneDNN's CPU convolutions run ~2x faster channels-last (weights and activations);
+        # load_state_dict copies into these tensors, so the layout survives loading.
+        self.to(memory_format=torch.channels_last)
+
+    def forward(self, z_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = z_t.view(-1, *self.shape).contiguous(memory_format=torch.channels_last)
+        h = self.inp(x) + self.cond(t, y)[:, :, None, None]
+        for layer in self.layers:
+            h = h + layer(F.silu(h))
+        return self.out(F.silu(h)).flatten(1)
+
+
+def denoiser_flops(arch: dict[str, Any]) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one denoiser row, conditioning lookup excluded."""
+    d, w, depth = arch["in_dim"], arch["width"], arch["depth"]
+    if arch["denoiser"] == "conv":
+        c, hgt, wid = arch["shape"]
+        return 2.0 * hgt * wid * 9 * (c * w + depth * w * w + w * c)
+    return 2.0 * (d * w + depth * w * w + w * d)
+
+
+def resolve_denoiser(denoiser: str, shape: list[int]) -> str:
+    """`auto` → conv for (C, H, W) shapes, mlp otherwise."""
+    if denoiser == "auto":
+        return "conv" if len(shape) == 3 else "mlp"
+    if denoiser == "conv" and len(shape) != 3:
+        raise ValueError(f"denoiser 'conv' needs a (C, H, W) input shape, the data has shape {shape}")
+    return denoiser
+
+
+# ---- the classifier -----------------------------------------------------------------------
+
+
+class DiffusionClassifier(nn.Module):
+    """Standardisation + denoiser + schedule, and the scoring rule of the module docstring."""
+
+    kind = "diffusion"
+
+    def __init__(
+        self,
+        in_dim: int,
+        n_classes: int,
+        shape: list[int] | None = None,
+        denoiser: str = "mlp",
+        width: int = 128,
+        depth: int = 2,
+        steps: int = 100,
+        schedule: str = "cosine",
+        weighting: str = "simple",
+        draws: int = 32,
+        prune_draws: int = 8,
+        prune_keep: int = 0,
+        score_seed: int = 0,
+        score_rows: int = 8192,
+    ) -> None:
+        super().__init__()
+        self.in_dim, self.n_classes = int(in_dim), int(n_classes)
+        self.shape = [int(s) for s in shape] if shape else [self.in_dim]
+        if math.prod(self.shape) != self.in_dim:
+            raise ValueError(f"shape {self.shape} does not hold {self.in_dim} features")
+        self.denoiser_kind = resolve_denoiser(denoiser, self.shape)
+        self.width, self.depth, self.steps = int(width), int(depth), int(steps)
+        self.schedule, self.weighting = schedule, weighting
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {list(WEIGHTINGS)}, got '{weighting}'")
+        self.draws, self.prune_draws, self.prune_keep = int(draws), int(prune_draws), int(prune_keep)
+        if self.prune_keep and not (1 <= self.prune_draws < self.draws and self.prune_keep < self.n_classes):
+            raise ValueError(
+                f"pruning needs 1 <= prune_draws < draws ({self.prune_draws}, {self.draws}) "
+                f"and prune_keep < n_classes ({self.prune_keep}, {self.n_classes})"
+            )
+        self.score_seed, self.score_rows = int(score_seed), int(score_rows)
+        self.standardize = Standardize(self.in_dim)
+        if self.denoiser_kind == "conv":
+            self.denoiser: nn.Module = ConvDenoiser(self.shape, self.n_classes, self.steps, self.width, self.depth)
+        else:
+            self.denoiser = MLPDenoiser(self.in_dim, self.n_classes, self.steps, self.width, self.depth)
+        self.register_buffer(
+            "log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64)
+        )
+        # Schedule tables, indexed by t = 0..T (row 0 unused); derived, so not saved.
+        betas = noise_schedule(schedule, self.steps)
+        alpha_bar = torch.cumprod(1 - betas, 0)
+        pad = torch.zeros(1, dtype=torch.float64)
+        self.register_buffer("sqrt_ab", torch.cat([pad + 1, alpha_bar.sqrt()]).float(), persistent=False)
+        self.register_buffer("sqrt_1m_ab", torch.cat([pad, (1 - alpha_bar).sqrt()]).float(), persistent=False)
+        elbo_w = betas / (2 * (1 - betas) * (1 - alpha_bar))
+        self.register_buffer("elbo_w", torch.cat([pad, elbo_w]), persistent=False)
+        # x-independent parts of the negative ELBO: the decoder's normaliser and the KL
+        # variance mismatch of reverse steps with σ_t² = β_t against the posterior's β̃_t.
+        ab_prev = torch.cat([pad + 1, alpha_bar[:-1]])
+        ratio = (betas * (1 - ab_prev) / (1 - alpha_bar) / betas)[1:]  # β̃_t / β_t, t >= 2
+        self.nelbo_const = float(
+            self.in_dim * (0.5 * (LOG_2PI + math.log(betas[0])) + 0.5 * (ratio - 1 - ratio.log()).sum())
+        )
+        self.alpha_bar_T = float(alpha_bar[-1])
+        self._cache: tuple[bytes, np.ndarray, np.ndarray] | None = None
+
+    def arch(self) -> dict[str, Any]:
+        """The architecture and scoring arguments `load_model` rebuilds this model from."""
+        return {
+            "kind": self.kind, "in_dim": self.in_dim, "n_classes": self.n_classes, "shape": self.shape,
+            "denoiser": self.denoiser_kind, "width": self.width, "depth": self.depth, "steps": self.steps,
+            "schedule": self.schedule, "weighting": self.weighting, "draws": self.draws,
+            "prune_draws": self.prune_draws, "prune_keep": self.prune_keep,
+            "score_seed": self.score_seed, "score_rows": self.score_rows,
+        }
+
+    @classmethod
+    def from_arch(cls, arch: dict[str, Any]) -> DiffusionClassifier:
+        """Rebuild from `arch()` metadata (TypeError/ValueError when it does not fit)."""
+        return cls(**{k: v for k, v in arch.items() if k != "kind"})
+
+    def rows_per_example(self) -> int:
+        """Denoiser evaluations to score one example against every class (with pruning if on)."""
+        k, s = self.n_classes, self.draws
+        if self.prune_keep and self.prune_keep < k and s > self.prune_draws:
+            return k * self.prune_draws + self.prune_keep * (s - self.prune_draws)
+        return k * s
+
+    def cost_per_example(self) -> dict[str, int]:
+        """params: numbers in the state_dict; macs: denoiser multiply-adds over all the
+        (class, draw) rows of one example; forward_passes: those rows (network evaluations)."""
+        params = sum(t.numel() for t in self.state_dict().values())
+        rows = self.rows_per_example()
+        macs = int(denoiser_flops(self.arch()) // 2) * rows
+        return {"params": int(params), "macs": macs, "forward_passes": rows}
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self._cache = None
+
+    def train(self, mode: bool = True) -> DiffusionClassifier:
+        self._cache = None  # weights are about to change (or just did)
+        return super().train(mode)
+
+    # -- training --
+
+    def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator, class_dropout: float = 0.0) -> torch.Tensor:
+        """The simple loss mean ‖ε_θ(z_t, t, y) − ε‖² / d of a batch of raw inputs and labels."""
+        z = self.standardize(batch["x"])
+        n = len(z)
+        t = torch.randint(1, self.steps + 1, (n,), generator=generator)
+        eps = torch.randn(z.shape, generator=generator)
+        y = batch["y"]
+        if class_dropout > 0:
+            drop = torch.rand(n, generator=generator) < class_dropout
+            y = torch.where(drop, torch.full_like(y, self.n_classes), y)
+        z_t = self.sqrt_ab[t, None] * z + self.sqrt_1m_ab[t, None] * eps
+        return F.mse_loss(self.denoiser(z_t, t, y), eps)
+
+    # -- scoring --
+
+    def noisy_inputs(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """z_t for every (example, draw): float32 (n, S, d)."""
+        return torch.addcmul(self.sqrt_ab[t].unsqueeze(-1) * z.unsqueeze(1), self.sqrt_1m_ab[t].unsqueeze(-1), eps)
+
+    def errors(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """e_s(y) = ‖ε_θ(z_t, t_s, y) − ε_s‖² for each example's `classes` (n, C): float32 (n, C, S).
+
+        The draws (t, ε) are shared by every class; all n·C·S rows go through one forward.
+        """
+        n, c = classes.shape
+        s, d = eps.shape[1], eps.shape[2]
+        z_t = self.noisy_inputs(z, t, eps)
+        rows_x = z_t.unsqueeze(1).expand(n, c, s, d).reshape(-1, d)
+        rows_t = t.unsqueeze(1).expand(n, c, s).reshape(-1)
+        rows_y = classes.unsqueeze(2).expand(n, c, s).reshape(-1)
+        eps_hat = self.denoiser(rows_x, rows_t, rows_y).view(n, c, s, d)
+        return (eps_hat - eps.unsqueeze(1)).square_().sum(-1)
+
+    def weighted(self, err: torch.Tensor, t: torch.Tensor, weighting: str) -> torch.Tensor:
+        """score(y) (float64, (n, C)) of errors (n, C, S) at timesteps t (n, S)."""
+        if weighting == "elbo":
+            return -self.steps * (err.double() * self.elbo_w[t].unsqueeze(1)).mean(-1)
+        return -err.double().mean(-1)
+
+    def score_draws(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(logits float32 (n, K), ELBO score float64 (n, K), network rows) of one chunk of examples.
+
+        logits = score + log π; with `prune_keep`, pruned classes keep their coarse score,
+        capped (in float32, as stored) just below the lowest kept class's.
+        """
+        n, k, s = len(z), self.n_classes, t.shape[1]
+        every = torch.arange(k).expand(n, k)
+        if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
+            err = self.errors(z, t, eps, every)
+            joint = self.weighted(err, t, self.weighting) + self.log_priors
+            return joint.float(), self.weighted(err, t, "elbo"), n * k * s
+        s1, keep = self.prune_draws, self.prune_keep
+        err1 = self.errors(z, t[:, :s1], eps[:, :s1], every)
+        joint = self.weighted(err1, t[:, :s1], self.weighting) + self.log_priors
+        kept = torch.sort(joint, dim=1, descending=True, stable=True).indices[:, :keep]  # (n, keep)
+        err2 = self.errors(z, t[:, s1:], eps[:, s1:], kept)
+        err_kept = torch.cat([err1.gather(1, kept.unsqueeze(2).expand(n, keep, s1)), err2], dim=2)
+        fine = (self.weighted(err_kept, t, self.weighting) + self.log_priors[kept]).float()
+        cap = torch.nextafter(fine.min(1).values, torch.tensor(-math.inf))
+        logits = torch.minimum(joint.float(), cap[:, None]).scatter_(1, kept, fine)
+        elbo = self.weighted(err1, t[:, :s1], "elbo").scatter_(1, kept, self.weighted(err_kept, t, "elbo"))
+        return logits, elbo, n * k * s1 + n * keep * (s - s1)
+
+    @torch.no_grad()
+    def score(self, x: np.ndarray | torch.Tensor, draws: int | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+        """(logits float32 (n, K), log-likelihood float64 (n,), network rows evaluated) of raw inputs.
+
+        `draws`/`seed` override the stored `draws`/`score_seed` (selection during training).
+        """
+        x = x.float() if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
+        s = int(draws or self.draws)
+        generator = torch.Generator().manual_seed(self.score_seed if seed is None else seed)
+        chunk = max(1, self.score_rows // (self.n_classes * s))
+        was_training = self.training
+        self.eval()
+        try:
+            logits = np.empty((len(x), self.n_classes), dtype=np.float32)
+            loglik = np.empty(len(x), dtype=np.float64)
+            rows = 0
+            for i in range(0, len(x), chunk):
+                z = self.standardize(x[i : i + chunk])
+                t, eps = draw_noise(len(z), s, self.in_dim, self.steps, generator)
+                scores, elbo, r = self.score_draws(z, t, eps)
+                rows += r
+                logits[i : i + len(z)] = scores.numpy()
+                loglik[i : i + len(z)] = self.elbo_loglik(z, elbo)
+            return logits, loglik, rows
+        finally:
+            self.train(was_training)
+
+    def elbo_loglik(self, z: torch.Tensor, elbo: torch.Tensor) -> np.ndarray:
+        """log Σ_y exp(ELBO(x, y) + log π_y) in raw units, from the y-dependent ELBO terms."""
+        joint = (elbo + self.log_priors).numpy()
+        z64 = z.double()
+        ab = self.alpha_bar_T
+        prior_kl = 0.5 * (ab * z64.square().sum(1) - self.in_dim * (ab + math.log(1 - ab))).numpy()
+        log_det = float(torch.log(self.standardize.std.double()).sum())
+        return logsumexp_np(joint) - prior_kl - self.nelbo_const - log_det
+
+    def _cached(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.in_dim:
+            from stages.io import ArtifactError
+
+            raise ArtifactError(f"model expects inputs of shape (n, {self.in_dim}), got {x.shape}")
+        key = hashlib.sha256(x.tobytes()).digest() + str(x.shape).encode()
+        if self._cache is None or self._cache[0] != key:
+            logits, loglik, _ = self.score(x)
+            self._cache = (key, logits, loglik)
+        return self._cache[1], self._cache[2]
+
+    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+        """score(y) + log π_y (float32, (n, K)); see the module docstring.
+
+        `batch_size` is not used: examples are scored in chunks of `score_rows` network rows,
+        so the noise draws (and the scores) do not depend on it.
+        """
+        return self._cached(x)[0].copy()
+
+    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
+        """Per-example ELBO estimate of log p(x) (float64, (n,)); see the module docstring."""
+        return self._cached(x)[1].copy()
+
+
+def train_diffusion(prepared: Any, cfg: Any, seed: int, desc: str = "train diffusion") -> tuple[DiffusionClassifier, Any]:
+    """Fit a DiffusionClassifier (DiffusionConfig `cfg`) on the train split; select by `cfg.selection`.
+
+    Returns (model holding the selected weights, training.FitResult). Raises ValueError for
+    a config that does not fit the data (e.g. `prune_keep` >= n_classes).
+    """
+    from stages.models.generative import GenerativeFitOptions, fit_generative
+    from stages.models.training import split_data
+    from stages.runtime import setup_torch
+
+    generator = setup_torch(seed)
+    splits = split_data(prepared)
+    train = splits["train"]
+    denoiser = resolve_denoiser(cfg.denoiser, prepared.shape)
+    model = DiffusionClassifier(
+        prepared.x.shape[1], prepared.n_classes, prepared.shape, denoiser,
+        cfg.channels if denoiser == "conv" else cfg.width, cfg.depth,
+        cfg.steps, cfg.schedule, cfg.weighting, cfg.draws, cfg.prune_draws, cfg.prune_keep, cfg.score_seed,
+        cfg.score_rows,
+    )
+    model.standardize.fit(train.x)
+    with torch.no_grad():
+        model.log_priors.copy_(log_priors(train.y, prepared.n_classes))
+
+    def batch_loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model.loss(batch, generator, cfg.class_dropout)
+
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(model.score(x, draws=cfg.select_draws)[0])
+
+    result = fit_generative(model, splits, batch_loss, scorer, GenerativeFitOptions.from_config(cfg), generator, desc)
+    model.load_state_dict(result.state_dict)
+    return model.eval(), result

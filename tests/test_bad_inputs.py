@@ -1,0 +1,268 @@
+"""The table of bad inputs: each gets a clear error naming the file/column/key/row, and changes nothing.
+
+One row per case. Every row starts from the same small workspace (params.yaml, conf/, a
+prepared file that validates, a trained model and its evaluation), breaks one thing, runs
+the stage that would meet it, and asserts: the exit code, that the message names what is
+wrong, no traceback, and that every file that existed before (outputs and inputs alike) has
+the same bytes afterwards. docs/reliability.md lists the same rows (a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import config, evaluate, prepare, train, validate
+from stages.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
+from stages.io import numpy_to_fixed_list, save_weights, write_parquet
+
+REPO = Path(__file__).resolve().parents[1]
+DS = "gaussian_shortcut"
+P = prepared_path(DS)
+M = model_dir(DS, "erm", 0) / "model.safetensors"
+FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]"]
+# Exact group counts (g = 2y + a; groups 0 and 3 agree): P(a == y) is 0.9 in train/val/test_id, 0.1 in test_ood.
+COUNTS = {"train": (90, 10, 10, 90), "val": (45, 5, 5, 45), "test_id": (45, 5, 5, 45), "test_ood": (5, 45, 45, 5)}
+META = {"dataset": DS, "kind": "tiny_test", "n_classes": 2, "n_attrs": 2, "shape": [4], "rho_train": 0.9, "rho_ood": 0.1,
+        "params": {}}
+
+
+def columns() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    split, g = [], []
+    for s, counts in COUNTS.items():
+        for group, n in enumerate(counts):
+            split += [s] * n
+            g += [group] * n
+    g_arr = np.asarray(g, dtype=np.int64)
+    y, a = g_arr // 2, g_arr % 2
+    x = np.column_stack([2 * y - 1 + rng.standard_normal(len(g)), 2 * a - 1 + 0.2 * rng.standard_normal(len(g)),
+                         rng.standard_normal((len(g), 2))]).astype(np.float32)
+    return {"id": np.arange(len(g), dtype=np.int64), "split": np.asarray(split, dtype=object), "y": y, "a": a, "g": g_arr, "x": x}
+
+
+def table_of(cols: dict[str, np.ndarray]) -> pa.Table:
+    return pa.table({**{k: v for k, v in cols.items() if k != "x"}, "split": list(cols["split"]),
+                     "x": numpy_to_fixed_list(cols["x"])})
+
+
+def rewrite(change: Callable[[dict[str, np.ndarray]], None], **meta: object) -> Callable[[], None]:
+    """A mutation: the prepared file with `change` applied to its columns and `meta` merged in."""
+    def apply() -> None:
+        cols = columns()
+        change(cols)
+        write_parquet(table_of(cols), P, prepared_schema(4), {**META, **meta})
+    return apply
+
+
+def raw_table(table: pa.Table, **meta: object) -> Callable[[], None]:
+    """A mutation writing `table` as it is (any schema), with the contract metadata (None drops a key)."""
+    def apply() -> None:
+        import json
+
+        md = {k: json.dumps(v) for k, v in {**META, **meta}.items() if v is not None}
+        pq.write_table(table.replace_schema_metadata(md), P)
+    return apply
+
+
+def drop_split(name: str) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(cols: dict[str, np.ndarray]) -> None:
+        keep = cols["split"] != name
+        for k in list(cols):
+            cols[k] = cols[k][keep]
+    return change
+
+
+def drop_group(split: str, group: int) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(cols: dict[str, np.ndarray]) -> None:
+        keep = ~((cols["split"] == split) & (cols["g"] == group))
+        for k in list(cols):
+            cols[k] = cols[k][keep]
+    return change
+
+
+def setitem(column: str, row: int, value: object) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(cols: dict[str, np.ndarray]) -> None:
+        cols[column] = cols[column].copy()
+        cols[column][row] = value
+    return change
+
+
+def truncate(path: Path, keep: float = 0.5) -> Callable[[], None]:
+    return lambda: path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+
+
+def write(path: Path, data: bytes) -> Callable[[], None]:
+    return lambda: path.write_bytes(data)
+
+
+def edit_params(old: str, new: str) -> Callable[[], None]:
+    def apply() -> None:
+        text = Path("params.yaml").read_text()
+        assert old in text
+        Path("params.yaml").write_text(text.replace(old, new, 1))
+    return apply
+
+
+class Trap:
+    """Unpickling this creates the file `unpickled`: proof that something was unpickled."""
+
+    def __reduce__(self):
+        return (Path.touch, (Path("unpickled").resolve(),))
+
+
+def other_architecture() -> None:
+    """Weights of a 16-wide MLP under metadata that declares the trained 8-wide one."""
+    import torch
+
+    from stages.models.nets import MLPClassifier, MLPEncoder
+
+    meta = {"kind": "mlp", "in_dim": 4, "hidden": [8], "n_classes": 2}
+    save_weights(MLPClassifier(MLPEncoder(4, [16]), 2).state_dict(), M, meta)
+    assert torch  # the network is real torch
+
+
+def encoder_of_other_width() -> None:
+    from stages.models import save_encoder
+    from stages.models.nets import DenoisingAutoencoder
+
+    save_encoder(pretrained_dir(DS) / "encoder.safetensors", DenoisingAutoencoder(7, [8]))
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    group: str
+    stage: str  # module whose main() runs
+    args: tuple[str, ...]
+    mutate: Callable[[], None] | None
+    names: tuple[str, ...]  # each must appear in the error
+    code: int = 2
+
+
+TRAIN = ("train", (DS, "erm", "0", *FAST))
+EVAL = ("evaluate", (DS, "erm", "0"))
+VALIDATE = ("validate", (DS,))
+
+CASES = [
+    # prepared Parquet
+    Case("truncated-parquet", "prepared", *TRAIN, truncate(P), (str(P), "not a readable Parquet file")),
+    Case("not-parquet", "prepared", *TRAIN, write(P, b"id,split,y\n0,train,1\n"), (str(P), "not a readable Parquet file")),
+    Case("missing-column", "prepared", *TRAIN, raw_table(table_of(columns()).drop_columns(["g"])), (str(P), "missing column 'g'")),
+    Case("wrong-column-type", "prepared", *TRAIN,
+         raw_table(table_of(columns()).set_column(2, "y", pa.array(columns()["y"].astype(np.float64)))), (str(P), "column 'y' has type double")),
+    Case("missing-metadata", "prepared", *TRAIN, raw_table(table_of(columns()), shape=None), (str(P), "shape")),
+    Case("nan-in-features", "prepared", *VALIDATE, rewrite(setitem("x", 7, np.nan)), (str(P), "x_finite", "rows [7]")),
+    Case("inf-in-features-hand-run-train", "prepared", *TRAIN, rewrite(setitem("x", 7, np.inf)), (str(P), "column 'x'", "row 7")),
+    Case("label-out-of-domain", "prepared", *VALIDATE, rewrite(setitem("y", 3, 2)), (str(P), "domain[y]", "column y", "rows [3]")),
+    Case("label-out-of-domain-hand-run-train", "prepared", *TRAIN, rewrite(setitem("y", 3, 2)), (str(P), "column 'y' is outside 0..1", "row 3")),
+    Case("duplicate-ids", "prepared", *VALIDATE, rewrite(setitem("id", 5, 4)), (str(P), "id_unique", "column id")),
+    Case("duplicate-ids-hand-run-train", "prepared", *TRAIN, rewrite(setitem("id", 5, 4)), (str(P), "column 'id' repeats an id", "row 5")),
+    Case("group-missing-from-a-split", "prepared", *VALIDATE, rewrite(drop_group("val", 1)), (str(P), "min_group_count[val]", "column min_count_val")),
+    Case("train-correlation-far-from-rho", "prepared", *VALIDATE, rewrite(lambda c: None, rho_train=0.6), (str(P), "train_rho", "agree_rate_train")),
+    Case("empty-split", "prepared", *TRAIN, rewrite(drop_split("val")), (str(P), "split 'val' has no rows")),
+    Case("empty-split-validate", "prepared", *VALIDATE, rewrite(drop_split("test_id")), (str(P), "min_group_count[test_id]")),
+    Case("prepared-file-missing", "prepared", *TRAIN, lambda: P.unlink(), (str(P), "not found", "python -m stages.prepare")),
+    # config
+    Case("unknown-key-override", "config", "train", (DS, "erm", "0", "method.erm.lrr=0.1"), None, ("method.erm.lrr", "unknown key")),
+    Case("unknown-key-in-params-yaml", "config", *TRAIN, edit_params("    lr: 0.001\n", "    lr: 0.001\n    lrr: 0.1\n"), ("method.erm.lrr",)),
+    Case("misspelt-group-option", "config", "config", ("compose", "method@method.erm=ermm"), None, ("method/ermm", "Available options")),
+    Case("misspelt-choice", "config", "prepare", (DS, f"dataset.{DS}.kind=gausian_shortcut"), None, (f"dataset.{DS}.kind", "gausian_shortcut")),
+    Case("wrong-type", "config", "train", (DS, "erm", "0", "method.erm.epochs=ten"), None, ("method.erm.epochs", "ten")),
+    Case("rho-above-1", "config", "prepare", (DS, f"dataset.{DS}.rho_train=1.5"), None, (f"dataset.{DS}.rho_train", "must be in [0, 1]")),
+    Case("negative-learning-rate", "config", "train", (DS, "erm", "0", "method.erm.lr=-0.001"), None, ("method.erm.lr", "must be > 0")),
+    Case("zero-epochs", "config", "train", (DS, "erm", "0", "method.erm.epochs=0"), None, ("method.erm.epochs", "must be >= 1")),
+    Case("negative-checkpoint-interval", "config", "train", (DS, "erm", "0", "train.checkpoint_every=-1"), None, ("train.checkpoint_every",)),
+    Case("experiment-that-does-not-exist", "config", "config", ("compose", "experiment=nope"), None, ("experiment/nope", "tiny")),
+    Case("unknown-method", "config", "train", (DS, "nope", "0"), None, ("method.nope", "known")),
+    Case("seed-not-an-integer", "config", "train", (DS, "erm", "zero"), None, ("seed", "zero")),
+    # raw data (the real-benchmark loaders of stages/datasets)
+    Case("raw-folder-missing", "raw", "prepare", ("waterbirds",), None, ("data/raw/waterbirds", "not found", "docs/datasets.md")),
+    # models
+    Case("truncated-weights", "models", *EVAL, truncate(M), (str(M), "not a valid safetensors file")),
+    Case("weights-of-another-architecture", "models", *EVAL, other_architecture, (str(M), "encoder.net.0.weight", "declared architecture")),
+    Case("pickle-instead-of-safetensors", "models", *EVAL, write(M, pickle.dumps(Trap())), (str(M), "not a valid safetensors file")),
+    Case("model-folder-missing", "models", *EVAL, lambda: shutil.rmtree(M.parent), (str(M.parent), "not found", "dvc repro")),
+    Case("pretrained-encoder-of-another-input-size", "models", "train", (DS, "erm", "0", *FAST, "method.erm.init=pretrained"),
+         encoder_of_other_width, ("encoder.safetensors", "expects 7 inputs", "has 4")),
+]
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    files = [p for p in sorted((root / "data").rglob("*")) if p.is_file()] + [root / "params.yaml"]
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A workspace with a prepared file that validates, a trained erm model and its evaluation."""
+    import os
+
+    root = tmp_path_factory.mktemp("base")
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        shutil.copy(REPO / "params.yaml", "params.yaml")
+        shutil.copytree(REPO / "conf", "conf")
+        rewrite(lambda c: None)()
+        assert validate.main([DS]) == 0
+        assert train.main([DS, "erm", "0", *FAST]) == 0
+        assert evaluate.main([DS, "erm", "0"]) == 0
+        (root / pretrained_dir(DS)).mkdir(parents=True)
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+MAINS = {"train": train.main, "validate": validate.main, "evaluate": evaluate.main, "prepare": prepare.main, "config": config.main}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_a_clear_error_and_changes_nothing(case, base, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "w"
+    shutil.copytree(base, work)
+    monkeypatch.chdir(work)
+    if case.mutate is not None:
+        case.mutate()
+    before = file_hashes(work)
+    capsys.readouterr()
+
+    code = MAINS[case.stage](list(case.args))
+
+    err = capsys.readouterr().err
+    assert code == case.code, err
+    assert "Traceback" not in err
+    first = err.strip().splitlines()[0]
+    assert first.startswith(f"{case.stage}: error: "), err
+    for name in case.names:
+        assert name in err, f"{name!r} not in {err!r}"
+    after = file_hashes(work)
+    assert {k: after.get(k) for k in before} == before, "an existing file changed or vanished"
+    assert all(re.fullmatch(r"data/validated/.*\.failed\.json", k) for k in set(after) - set(before)), set(after) - set(before)
+    assert not (work / "unpickled").exists(), "a pickle was unpickled"
+
+
+def test_errors_are_one_line_where_a_single_thing_is_wrong(base, tmp_path, monkeypatch, capsys):
+    # Config and artifact errors about one key or file print exactly one line (validate lists each failed expectation).
+    monkeypatch.chdir(base)
+    for argv in (["compose", "experiment=nope"], ["check", "method.erm.lr=-1"]):
+        assert config.main(argv) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_docs_list_every_case():
+    text = (REPO / "docs" / "reliability.md").read_text()
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M)
+    assert rows == [c.id for c in CASES]
+    assert f"{len(CASES)} rows" in text
+

@@ -1,0 +1,151 @@
+"""Built-in datasets that need no download: mnist1d_shortcut and shortcut_text, plus the text model."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages import artifacts, io
+from stages.artifacts import SPLITS
+from stages.config import Mnist1DShortcutConfig, ShortcutTextConfig
+from stages.datasets import mnist1d_shortcut, shortcut_text
+from stages.models import text
+from stages.prepare import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_MNIST = Mnist1DShortcutConfig(num_samples=600)
+SMALL_TEXT = ShortcutTextConfig(n_train=400, n_val=100, n_test_id=100, n_test_ood=100)
+
+
+def _write(name: str, cfg: object, path: Path) -> artifacts.Prepared:
+    table, meta = prepare(name, cfg)
+    io.write_parquet(table, path, artifacts.prepared_schema_for(meta), meta)
+    return artifacts.read_prepared(path)
+
+
+def _agreement(p: artifacts.Prepared, split: str) -> float:
+    s = p.subset(split)
+    return float(np.mean(s.a == s.y))
+
+
+def test_mnist1d_shortcut_contract_marker_and_determinism(tmp_path: Path) -> None:
+    p = _write("mnist1d_shortcut", SMALL_MNIST, tmp_path / "a.parquet")
+    assert p.shape == [40] and p.x.shape == (600, 40) and p.x.dtype == np.float32
+    assert set(p.split) == set(SPLITS) and len(np.unique(p.id)) == 600
+    assert np.array_equal(p.g, p.y * 2 + p.a)
+    assert abs(_agreement(p, "train") - 0.95) < 0.01 and abs(_agreement(p, "test_ood") - 0.05) < 0.02
+    # the marker: mean of the first marker_width samples is ±spurious_scale apart by attribute
+    lead = p.x[:, : SMALL_MNIST.marker_width].mean(axis=1)
+    assert lead[p.a == 1].mean() - lead[p.a == 0].mean() > 1.5
+    # the label is digit < 5 of mnist1d's own output, in id order
+    _, digits = mnist1d_shortcut.load_signals(600, SMALL_MNIST.seed)
+    assert np.array_equal(p.y, (digits[p.id] < 5).astype(np.int64))
+    again = _write("mnist1d_shortcut", SMALL_MNIST, tmp_path / "b.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+    assert np.array_equal(again.x, p.x)
+    # mnist1d seeds numpy's global RNG; the generator leaves it as it was
+    np.random.seed(123)
+    expected = np.random.random()
+    np.random.seed(123)
+    mnist1d_shortcut.load_signals(200, 1)
+    assert np.random.random() == expected
+
+
+def test_shortcut_text_labels_follow_meaning_and_marker_follows_rho(tmp_path: Path) -> None:
+    p = _write("shortcut_text", SMALL_TEXT, tmp_path / "t.parquet")
+    assert p.text is not None and p.meta["text"] is True
+    assert p.x.shape == (700, len(p.meta["vocab"]))
+    for sentence, y, a in zip(p.text, p.y, p.a, strict=True):
+        words = sentence.split()
+        positive = any(w in shortcut_text.POSITIVE for w in words)
+        assert y == int(positive != ("not" in words)), sentence
+        assert words[-1] == shortcut_text.MARKERS[a]
+    assert abs(_agreement(p, "train") - 0.95) < 0.01 and abs(_agreement(p, "test_ood") - 0.05) < 0.02
+    negated = np.array(["not" in t.split() for t in p.text[p.split == "train"]])
+    assert abs(negated.mean() - SMALL_TEXT.negation_rate) < 0.01
+    # x is the bag of words of text over the train vocabulary
+    assert np.allclose(p.x, text.bag_of_words(list(p.text), p.meta["vocab"]))
+
+
+def test_tokenizer_vocab_and_encoding_are_deterministic() -> None:
+    assert text.tokenize("The movie, wasn't GREAT!") == ["the", "movie", "wasn't", "great"]
+    vocab = text.build_vocab(["b a a", "c b a"], 2)
+    assert vocab == ["a", "b"]
+    assert text.encode(["a c b", "b"], vocab, 4).tolist() == [[2, 1, 3, 0], [3, 0, 0, 0]]
+    bow = text.bag_of_words(["a a c"], vocab)
+    assert np.allclose(bow, [[np.log(3.0), 0.0]])
+
+
+def test_bag_of_embeddings_learns_the_shortcut_text_task() -> None:
+    """ERM over tokens reaches high in-distribution accuracy and loses it where the marker flips."""
+    import torch
+
+    columns, meta = shortcut_text.generate(dataclasses.replace(SMALL_TEXT, n_train=800))
+    split = columns["split"]
+    ids = text.encode(list(columns["text"]), meta["vocab"], 12)
+    train = split == "train"
+    model = text.fit_bag_of_embeddings(ids[train], columns["y"][train], len(meta["vocab"]), 2, epochs=15, seed=0)
+    with torch.no_grad():
+        pred = model(torch.from_numpy(ids)).argmax(1).numpy()
+    acc = {s: float(np.mean(pred[split == s] == columns["y"][split == s])) for s in SPLITS}
+    assert acc["test_id"] > 0.9
+    assert acc["test_ood"] < acc["test_id"] - 0.1  # a bag of tokens leans on the marker word
+
+
+# ---- end to end through `dvc repro` ----------------------------------------------------------------
+
+TINY = [
+    "experiment=tiny",
+    "run.datasets=[mnist1d_shortcut,shortcut_text]",
+    "run.methods=[erm,lda]",
+    "run.teachers=[lda]",
+    "run.models=[erm,lda,lda_student]",
+    "method.erm.epochs=2",
+    "dataset.mnist1d_shortcut.num_samples=1000",
+    "dataset.shortcut_text.n_train=300",
+    "dataset.shortcut_text.n_val=100",
+    "dataset.shortcut_text.n_test_id=100",
+    "dataset.shortcut_text.n_test_ood=200",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("builtin_dvc")
+def test_builtin_datasets_run_end_to_end_through_dvc_repro(tmp_path: Path) -> None:
+    env = dict(os.environ, SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+
+    def sh(*cmd: str) -> str:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout
+
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True, capture_output=True, check=True
+    ).stdout.split()
+    for rel in files:
+        skip = rel == "dvc.lock" or rel.startswith("tests/") or (rel.startswith("data/") and not rel.startswith("data/raw/"))
+        if not skip and (ROOT / rel).is_file():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tmp_path / rel)
+    sh("git", "init", "-q")
+    sh(sys.executable, "-m", "stages.config", "compose", *TINY)
+    # The chain prepare -> validate -> pretrain -> train -> evaluate, a discriminative method on
+    # one and a generative one on the other (the whole matrix is what `benchmarks.bench_repro
+    # --experiment <name>` runs).
+    runs = {"mnist1d_shortcut": "erm", "shortcut_text": "lda"}
+    log = sh("dvc", "repro", *(f"evaluate@{ds}-{m}-0" for ds, m in runs.items()))
+    for ds, m in runs.items():
+        for stage in (f"prepare@{ds}", f"validate@{ds}", f"pretrain@{ds}", f"train@{ds}-{m}-0", f"evaluate@{ds}-{m}-0"):
+            assert f"'{stage}'" in log
+        metrics = io.read_json(tmp_path / artifacts.metrics_path(ds, m, 0))
+        assert {"test_id", "test_ood"} <= set(metrics["splits"])
+    p = artifacts.read_prepared(tmp_path / artifacts.prepared_path("shortcut_text"))
+    assert p.text is not None and len(p.text) == 700

@@ -1,0 +1,402 @@
+"""The shortcut-robust baselines (reweight, groupdro, jtt, dfr), the linear probe and the
+fine-tune: their pieces, that each learns, that groupdro and jtt beat erm where the shortcut
+bites, which splits each method reads, and config errors before any training."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from stages import prepare, pretrain, train
+from stages.artifacts import (
+    SPLITS,
+    Prepared,
+    embeddings_schema,
+    model_dir,
+    prepared_path,
+    prepared_schema,
+    pretrained_dir,
+    read_prepared,
+)
+from stages.config import (
+    SELECTION_SPLIT,
+    ColoredDigitsConfig,
+    ErmConfig,
+    GroupDROConfig,
+    JTTConfig,
+    PretrainConfig,
+    RunConfig,
+    load_params,
+    method_config,
+    section,
+)
+from stages.datasets import colored_digits
+from stages.io import numpy_to_fixed_list, read_json, read_metadata, read_parquet, write_parquet
+from stages.models import CONFIG, EMBEDDINGS, WEIGHTS, load_model
+from stages.models.robust import (
+    Embedded,
+    balanced_subsample,
+    balanced_weights,
+    fit_dfr,
+    halves,
+    jtt_weights,
+    logistic_regression,
+    selection_summary,
+    weighted_cross_entropy,
+)
+from stages.models.training import (
+    SELECTION_METRIC,
+    FitOptions,
+    SplitData,
+    cross_entropy,
+    fit_classifier,
+)
+from stages.runtime import setup_torch
+
+REPO = Path(__file__).resolve().parents[1]
+DS = "gaussian_shortcut"
+
+# ---- pieces ----------------------------------------------------------------------------------
+
+
+def test_balanced_weights_give_every_group_the_same_total_weight():
+    g = torch.tensor([0] * 90 + [1] * 6 + [2] * 3 + [3] * 1)
+    w = balanced_weights(g, 4)
+    assert torch.isclose(w.mean(), torch.tensor(1.0))
+    totals = torch.stack([w[g == k].sum() for k in range(4)])
+    assert torch.allclose(totals, totals[0].expand(4))
+    with pytest.raises(ValueError, match="labels go up to 4"):
+        balanced_weights(torch.tensor([0, 4]), 4)
+
+
+def test_jtt_weights_and_weighted_loss():
+    errors = torch.tensor([True, False, False, False])
+    w = jtt_weights(errors, 7.0)
+    assert torch.isclose(w.mean(), torch.tensor(1.0)) and torch.isclose(w[0] / w[1], torch.tensor(7.0))
+    logits, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
+    assert torch.isclose(weighted_cross_entropy(logits, {"y": y, "w": torch.ones(4)}), cross_entropy(logits, {"y": y}))
+    per = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    assert torch.isclose(weighted_cross_entropy(logits, {"y": y, "w": w}), (per * w).mean())
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_logistic_regression_matches_scikit_learn(n_classes):
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(n_classes)
+    z = rng.standard_normal((80, 6))
+    y = np.arange(80) % n_classes
+    z[:, 0] += 1.5 * y
+    weights = rng.random(80) + 0.5
+    for c in (0.05, 5.0):
+        w, b = logistic_regression(z, y, n_classes, c, weights)
+        assert w.shape == (n_classes, 6) and b.shape == (n_classes,)
+        ours = torch.softmax(torch.from_numpy(z @ w.T + b), 1).numpy()
+        ref = LogisticRegression(C=c, tol=1e-10, max_iter=10_000).fit(z, y, sample_weight=weights).predict_proba(z)
+        np.testing.assert_allclose(ours, ref, atol=1e-5)
+    with pytest.raises(ValueError, match="classes"):
+        logistic_regression(z[y == 0], y[y == 0], n_classes, 1.0)
+
+
+def test_dfr_halves_are_disjoint_stratified_and_the_subsample_balanced():
+    g = np.array([0] * 40 + [1] * 7 + [2] * 5 + [3] * 30)
+    fit, tune = halves(g, np.random.default_rng(0))
+    assert not set(fit) & set(tune) and len(fit) + len(tune) == len(g)
+    for k, n in zip(range(4), (40, 7, 5, 30), strict=True):
+        assert (g[fit] == k).sum() == (n + 1) // 2
+    sub = balanced_subsample(g[fit], np.random.default_rng(1))
+    assert np.bincount(g[fit][sub]).tolist() == [3, 3, 3, 3]
+
+
+def test_dfr_recovers_the_core_feature_from_group_balanced_validation_data():
+    """A core and a spurious coordinate; val has the shortcut (rho 0.9), test_ood reverses it."""
+    rng = np.random.default_rng(0)
+
+    def sample(n: int, rho: float) -> Embedded:
+        y = rng.integers(0, 2, n)
+        a = np.where(rng.random(n) < rho, y, 1 - y)
+        z = np.column_stack([(2 * y - 1) + rng.standard_normal(n), 3 * (2 * a - 1) + 0.1 * rng.standard_normal(n)])
+        return Embedded(z, y, 2 * y + a)
+
+    val, ood = sample(600, 0.9), sample(2000, 0.1)
+    fit = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0)
+    correct = (ood.z @ fit.weight.T + fit.bias).argmax(1) == ood.y
+    assert min(correct[ood.g == k].mean() for k in range(4)) > 0.7  # the shortcut alone gives ~0
+    assert abs(fit.weight[1, 0] - fit.weight[0, 0]) > 3 * abs(fit.weight[1, 1] - fit.weight[0, 1])
+    assert fit.summary["n_val_fit"] + fit.summary["n_val_tune"] == 600 and len(fit.summary["grid"]) == 3
+    again = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0)
+    assert np.array_equal(again.weight, fit.weight) and again.c == fit.c
+    weighted = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0, balance="weight")
+    assert weighted.summary["n_fits"] == 1 and weighted.summary["n_fit_rows"] == fit.summary["n_val_fit"]
+    with pytest.raises(ValueError, match="test_ood"):
+        fit_dfr(val, 2, [1.0], 1, "oracle", seed=0)
+
+
+def test_selection_summary_agrees_with_the_loop_and_split_table():
+    rng = np.random.default_rng(0)
+    splits = {}
+    for name in SPLITS:
+        y = rng.integers(0, 2, 200)
+        x = np.column_stack([2 * y - 1 + rng.standard_normal(200), rng.standard_normal(200)]).astype(np.float32)
+        splits[name] = SplitData(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(2 * y + (rng.random(200) < 0.5)))
+    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+
+    for criterion in SELECTION_METRIC:
+        gen = setup_torch(0)
+        model = MLPClassifier(MLPEncoder(2, [8]), 2, Standardize(2).fit(splits["train"].x))
+        result = fit_classifier(model, splits, cross_entropy, FitOptions(0.05, 4, 32, criterion), gen)
+        summary = selection_summary(result.history)
+        assert set(summary) == set(SELECTION_METRIC)
+        assert summary[criterion]["epoch"] == result.selected_epoch
+        split, metric = SELECTION_METRIC[criterion]
+        assert summary[criterion]["metrics"][split][metric] == result.selected_metrics[split][metric]
+        assert SELECTION_SPLIT[criterion] == split  # config.py's copy of the table agrees
+
+
+DISCRIMINATIVE = ("erm", "groupdro", "reweight", "jtt", "probe", "dfr")
+
+
+def test_discriminative_methods_share_the_backbone_and_the_selection_criterion():
+    """Fair comparisons: in the default params, every discriminative method trains the same
+    backbone widths (the pretrained encoder's, so scratch and pretrained inits match) and
+    picks its checkpoint (dfr: its C) by the same criterion, never the oracle."""
+    params = load_params(REPO / "params.yaml")
+    run = section(params, "run", RunConfig)
+    backbone = section(params, "pretrain", PretrainConfig).hidden
+    kinds = set()
+    for name in run.methods:
+        cfg = method_config(params, name)
+        if cfg.kind not in DISCRIMINATIVE:
+            continue
+        kinds.add(cfg.kind)
+        assert cfg.selection == "val_worst_group", name
+        if hasattr(cfg, "hidden"):
+            assert cfg.hidden == backbone, name
+    assert kinds == set(DISCRIMINATIVE)
+    assert "finetune" in run.methods and method_config(params, "finetune").init == "pretrained"
+
+
+# ---- the shortcut, on the real colored_digits generator (rho 0.95) ---------------------------
+
+
+@pytest.fixture(scope="module")
+def digits() -> Prepared:
+    cfg = ColoredDigitsConfig()
+    assert cfg.rho_train == 0.95
+    cols, meta = colored_digits.generate(cfg)
+    g = cols["y"] * meta["n_attrs"] + cols["a"]
+    return Prepared(cols["id"], cols["split"], cols["y"], cols["a"], g, cols["x"], {"dataset": "colored_digits", **meta})
+
+
+def ood_worst_group(prepared: Prepared, cfg: ErmConfig) -> float:
+    _, result = train.train_mlp(prepared, cfg, "colored_digits", seed=0, desc="test")
+    return result.selected_metrics["test_ood"]["worst_group_acc"]
+
+
+def test_groupdro_and_jtt_beat_erm_on_the_worst_group_of_colored_digits(digits):
+    """Same backbone, epochs and selection (val_worst_group) for all three; the defaults otherwise."""
+    common = dict(hidden=[64], epochs=20, selection="val_worst_group")
+    erm = ood_worst_group(digits, ErmConfig(**common))
+    dro = ood_worst_group(digits, GroupDROConfig(**common))
+    info: dict = {}
+    jtt_cfg = JTTConfig(**common)
+    _, jtt_result = train.train_mlp(digits, jtt_cfg, "colored_digits", seed=0, desc="test", info=info)
+    jtt = jtt_result.selected_metrics["test_ood"]["worst_group_acc"]
+    assert erm < 0.35, erm  # the colour shortcut bites ERM
+    assert dro > erm + 0.25, (erm, dro)
+    assert jtt > erm + 0.25, (erm, jtt)
+    # JTT's identification run's errors are the minority groups (y != a: g = 1 and 2).
+    found = info["jtt"]["errors_by_group"]
+    assert found["1"] + found["2"] >= 0.9 * info["jtt"]["n_errors"] > 0
+
+
+# ---- every method through the train stage on the real gaussian_shortcut generator ---------------
+
+TINY = [
+    "dataset.gaussian_shortcut.n_train=600",
+    "dataset.gaussian_shortcut.n_val=400",
+    "dataset.gaussian_shortcut.n_test_id=300",
+    "dataset.gaussian_shortcut.n_test_ood=300",
+]
+METHODS = ["erm", "groupdro", "reweight", "jtt", "probe", "finetune", "dfr", "lda"]
+EXPECTED_READS = {
+    "erm": ["train", "val"],
+    "groupdro": ["train", "val"],
+    "reweight": ["train", "val"],
+    "jtt": ["train", "val"],
+    "probe": ["train", "val"],
+    "finetune": ["train", "val"],
+    "dfr": ["val"],
+    "lda": ["train"],
+}
+
+
+# The stage tests share one module-scoped folder: keep them on one xdist worker.
+STAGE = pytest.mark.xdist_group("robust_stage")
+
+
+def fast(method: str) -> list[str]:
+    if method in ("lda", "dfr"):
+        return ["method.dfr.n_fits=3"] if method == "dfr" else []
+    out = [f"method.{method}.epochs=8", f"method.{method}.hidden=[16]", f"method.{method}.lr=0.01"]
+    return out + (["method.jtt.id_epochs=1"] if method == "jtt" else [])
+
+
+@pytest.fixture(scope="module")
+def stage_dir(tmp_path_factory) -> Path:
+    """A repo-like folder: params.yaml (tiny gaussian_shortcut), its prepared file and a pretrained encoder."""
+    root = tmp_path_factory.mktemp("robust")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        assert prepare.main([DS, *TINY]) == 0
+        assert pretrain.main([DS, "pretrain.epochs=15", "pretrain.hidden=[16]", "pretrain.lr=0.01"]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_runs(stage_dir) -> dict[str, tuple[bytes, dict]]:
+    """Each method trained once on the clean data: (weights bytes, config.json)."""
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(stage_dir)
+        for method in METHODS:
+            assert train.main([DS, method, "0", *TINY, *fast(method)]) == 0
+            folder = model_dir(DS, method, 0)
+            out[method] = ((folder / WEIGHTS).read_bytes(), read_json(folder / CONFIG))
+    return out
+
+
+@STAGE
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_learns(method, clean_runs, stage_dir, monkeypatch):
+    _, config = clean_runs[method]
+    assert config["metrics"]["test_id"]["acc"] > 0.7, config["metrics"]["test_id"]  # chance is 0.5
+    monkeypatch.chdir(stage_dir)
+    model = load_model(model_dir(DS, method, 0))  # evaluate's view: raw x in, logits out
+    prepared = read_prepared(prepared_path(DS)).subset("test_id")
+    acc = (model.logits(prepared.x).argmax(1) == prepared.y).mean()
+    assert abs(acc - config["metrics"]["test_id"]["acc"]) < 1e-9
+    cost = config["inference_cost"]
+    assert cost["params"] == sum(t.numel() for t in model.state_dict().values()) and cost["macs"] > 0
+    if method != "lda":
+        assert config["architecture"]["hidden"] == [16]  # one backbone size for every MLP method
+        assert config["selection"] == method_config(load_params(stage_dir / "params.yaml"), method).selection
+    if method != "lda":
+        assert set(config["selections"]) == {"val_avg", "val_worst_group", "oracle"}
+        picked = config["selections"][config["selection"]]
+        assert picked["c"] == config["dfr"]["c"] if method == "dfr" else picked["epoch"] == config["selected_epoch"]
+
+
+def poison(root: Path, splits: set[str], seed: int = 7, labels_only: bool = False) -> None:
+    """Overwrite y, a, g and (unless `labels_only`) x of the prepared rows, and z of the
+    embeddings, in `splits` with finite garbage."""
+    path = root / prepared_path(DS)
+    meta = read_metadata(path)
+    p = read_prepared(path)
+    rng = np.random.default_rng(seed)
+    bad = np.isin(p.split, list(splits))
+    x = p.x.copy()
+    if not labels_only:
+        x[bad] = 50 * rng.standard_normal((bad.sum(), x.shape[1]))
+    y, a = p.y.copy(), p.a.copy()
+    y[bad], a[bad] = rng.integers(0, 2, bad.sum()), rng.integers(0, 2, bad.sum())
+    table = pa.table({"id": p.id, "split": p.split.tolist(), "y": y, "a": a, "g": y * 2 + a, "x": numpy_to_fixed_list(x)})
+    write_parquet(table, path, prepared_schema(x.shape[1]), meta)
+    if labels_only:
+        return
+    epath = root / pretrained_dir(DS) / EMBEDDINGS
+    emeta = read_metadata(epath)
+    dim = emeta["hidden"][-1]
+    emb = read_parquet(epath, embeddings_schema(dim))
+    z = np.stack(emb.column("z").to_pylist()).astype(np.float32)
+    ebad = np.isin(np.asarray(emb.column("split").to_pylist()), list(splits))
+    z[ebad] = 50 * rng.standard_normal((ebad.sum(), dim))
+    etable = pa.table({"id": emb.column("id"), "split": emb.column("split"), "z": numpy_to_fixed_list(z)})
+    write_parquet(etable, epath, embeddings_schema(dim), emeta)
+
+
+@pytest.fixture
+def poisonable(stage_dir, monkeypatch):
+    """stage_dir as cwd; the clean prepared and pretrained files are put back afterwards."""
+    monkeypatch.chdir(stage_dir)
+    saved = stage_dir / "clean"
+    shutil.rmtree(saved, ignore_errors=True)
+    shutil.copytree(stage_dir / "data", saved)
+    yield stage_dir
+    shutil.rmtree(stage_dir / "data")
+    shutil.move(saved, stage_dir / "data")
+
+
+@STAGE
+@pytest.mark.parametrize("method", METHODS)
+def test_a_method_reads_only_the_splits_it_declares(method, clean_runs, poisonable):
+    """Garbage in every split a method does not declare leaves its weights byte-identical;
+    garbage labels in the splits it declares change them. dfr: no train or test row is used."""
+    weights, config = clean_runs[method]
+    assert config["reads_splits"] == EXPECTED_READS[method]
+    unread = set(SPLITS) - set(EXPECTED_READS[method])
+    poison(poisonable, unread)
+    assert train.main([DS, method, "0", *TINY, *fast(method)]) == 0
+    assert (model_dir(DS, method, 0) / WEIGHTS).read_bytes() == weights
+    poison(poisonable, set(EXPECTED_READS[method]), seed=8, labels_only=True)
+    assert train.main([DS, method, "0", *TINY, *fast(method)]) == 0
+    assert (model_dir(DS, method, 0) / WEIGHTS).read_bytes() != weights
+
+
+@STAGE
+def test_oracle_selection_is_declared_as_reading_test_ood(stage_dir, monkeypatch):
+    monkeypatch.chdir(stage_dir)
+    cfg = method_config(load_params(stage_dir / "params.yaml", ["method.dfr.selection=oracle"]), "dfr")
+    assert train.reads_splits(cfg) == ("val", "test_ood")
+    cfg = method_config(load_params(stage_dir / "params.yaml", ["method.jtt.selection=oracle"]), "jtt")
+    assert train.reads_splits(cfg) == ("train", "test_ood")
+
+
+@STAGE
+def test_dfr_rejects_stale_embeddings(stage_dir, monkeypatch, capsys):
+    monkeypatch.chdir(stage_dir)
+    epath = pretrained_dir(DS) / EMBEDDINGS
+    before = epath.read_bytes()
+    try:
+        meta = read_metadata(epath)
+        emb = read_parquet(epath, embeddings_schema(meta["hidden"][-1]))
+        z = np.stack(emb.column("z").to_pylist()).astype(np.float32) + 1.0
+        table = pa.table({"id": emb.column("id"), "split": emb.column("split"), "z": numpy_to_fixed_list(z)})
+        write_parquet(table, epath, embeddings_schema(z.shape[1]), meta)
+        assert train.main([DS, "dfr", "0", *TINY]) == 2
+        assert "embeddings.parquet does not match encoder.safetensors" in capsys.readouterr().err
+    finally:
+        epath.write_bytes(before)
+
+
+# ---- bad config fails before any data is read ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("method.jtt.upweight=0", "method.jtt.upweight"),
+        ("method.jtt.upweight=-2", "method.jtt.upweight"),
+        ("method.jtt.id_epochs=0", "method.jtt.id_epochs"),
+        ("method.reweight.balance=domain", "method.reweight.balance"),
+        ("method.probe.init=scratch", "method.probe.init"),
+        ("method.dfr.c_grid=[1.0,0]", "method.dfr.c_grid"),
+        ("method.dfr.n_fits=0", "method.dfr.n_fits"),
+        ("method.dfr.balance=none", "method.dfr.balance"),
+        ("method.dfr.selection=test", "method.dfr.selection"),
+    ],
+)
+def test_bad_config_fails_before_training_naming_the_key(override, key, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no data at all: a config error must come first
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    method = key.split(".")[1]
+    assert train.main([DS, method, "0", override]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "prepared" not in err
+    assert not (tmp_path / "data").exists()

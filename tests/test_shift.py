@@ -1,0 +1,141 @@
+"""Shift curves (stages/shift.py): exact endpoints, the two routes agree, and the phase diagram smoke run."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages import evaluate, shift
+from stages.artifacts import Prepared
+from stages.config import GaussianShortcutConfig, PhaseConfig, compose, load_params, section
+from stages.io import read_json
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _toy(n_per_class: int, rho: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and attributes with exactly `rho` agreement in each class."""
+    y = np.repeat([0, 1], n_per_class)
+    n_agree = round(rho * n_per_class)
+    agree = np.tile(np.r_[np.ones(n_agree, bool), np.zeros(n_per_class - n_agree, bool)], 2)
+    return y, np.where(agree, y, 1 - y)
+
+
+def test_endpoints_are_the_training_mix_and_the_fully_reversed_accuracy() -> None:
+    rng = np.random.default_rng(0)
+    y, a = _toy(100, 0.9, rng)
+    correct = rng.random(200) < np.where(a == y, 0.9, 0.3)
+    axis = shift.shift_axis(y, a, 2, steps=5)  # the "train" split: agreement .9 in each class
+    assert axis.start_agreement == (0.9, 0.9) and axis.end_agreement == 0.0
+    rows, summary = shift.reweighted_curve(correct, y, a, axis, 2, resamples=0, seed=0)
+    # Pool with the training mix: the first point is exactly its accuracy.
+    assert rows[0]["acc"] == pytest.approx(correct.mean(), abs=1e-12)
+    # Last point: the prior-weighted accuracy on examples whose attribute disagrees.
+    dis = a != y
+    reversed_acc = 0.5 * correct[dis & (y == 0)].mean() + 0.5 * correct[dis & (y == 1)].mean()
+    assert rows[-1]["acc"] == pytest.approx(reversed_acc, abs=1e-12)
+    assert rows[-1]["rho"] == 0.0 and rows[0]["rho"] == pytest.approx(0.9)
+    assert summary["gap"] == pytest.approx(correct.mean() - reversed_acc)
+    assert [r["step"] for r in rows] == list(range(5))
+    accs = [r["acc"] for r in rows]
+    assert accs == sorted(accs, reverse=True)  # linear in t between the ends
+    # Worst-group accuracy is min over groups with mass: all four until agreeing groups vanish.
+    assert rows[0]["worst_group_acc"] == rows[3]["worst_group_acc"]
+
+
+def test_reversed_end_when_training_agreement_is_low_and_undefined_cells() -> None:
+    rng = np.random.default_rng(1)
+    y, a = _toy(50, 0.2, rng)
+    assert shift.shift_axis(y, a, 2, 3).end_agreement == 1.0
+    y2, a2 = _toy(50, 1.0, rng)  # no disagreeing example to score the reversed end on
+    rows, _ = shift.reweighted_curve(np.ones(100, bool), y2, a2, shift.shift_axis(y, a, 2, 3), 2, 0, 0)
+    assert rows[0]["acc"] is None and rows[-1]["acc"] == 1.0
+    with pytest.raises(ValueError, match=">= 2 steps"):
+        shift.shift_axis(y, a, 2, 1)
+
+
+def test_evaluate_endpoints_match_test_id_and_fully_reversed_accuracy() -> None:
+    """On data whose test_id has the training mix, the curve starts at test_id accuracy."""
+    rng = np.random.default_rng(2)
+    parts = []
+    for split, rho in (("train", 0.9), ("val", 0.9), ("test_id", 0.9), ("test_ood", 0.1)):
+        y, a = _toy(60, rho, rng)
+        parts.append((np.full(120, split, dtype=object), y, a))
+    split = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    a = np.concatenate([p[2] for p in parts])
+    n = len(y)
+    meta = {"dataset": "toy", "n_classes": 2, "n_attrs": 2, "shape": [2]}
+    prepared = Prepared(np.arange(n), split, y, a, y * 2 + a, np.zeros((n, 2), np.float32), meta)
+    # A model that follows the attribute 80% of the time and the label otherwise.
+    follow = rng.random(n) < 0.8
+    guess = np.where(follow, a, y)
+    logits = np.eye(2)[guess] * 2.0
+    _, metrics, plots = evaluate.evaluate_predictions(prepared, logits, 10, bootstrap_resamples=200, shift_steps=6)
+    curve = plots["shift_curve"]
+    assert len(curve) == 6 and {r["route"] for r in curve} == {"reweight"}
+    pool = np.isin(split, ("test_id", "test_ood"))
+    correct = guess == y
+    dis = pool & (a != y)
+    reversed_acc = 0.5 * correct[dis & (y == 0)].mean() + 0.5 * correct[dis & (y == 1)].mean()
+    assert metrics["shift"]["acc_end"] == pytest.approx(reversed_acc, abs=1e-12)
+    # Pooled group accuracies: the start estimates test_id accuracy (exact in expectation).
+    assert metrics["shift"]["acc_start"] == pytest.approx(metrics["test_id_acc"], abs=0.08)
+    assert curve[0]["acc_lo"] <= curve[0]["acc"] <= curve[0]["acc_hi"]
+    assert metrics["shift"]["gap_ci"][0] > 0  # a shortcut user: the gap's interval is above 0
+
+
+def test_reweight_and_regenerate_routes_agree_on_gaussian_shortcut() -> None:
+    from stages.datasets.gaussian_shortcut import generate
+    from stages.models.lda import fit_lda
+
+    cfg = GaussianShortcutConfig(spurious_scale=0.6, n_train=2000, n_val=8, n_test_id=3000, n_test_ood=3000)
+    cols, _ = generate(cfg)
+    s, y, a, x = cols["split"], cols["y"], cols["a"], cols["x"]
+    model = fit_lda(x[s == "train"], y[s == "train"], 2, 0.1)
+    pool = np.isin(s, ("test_id", "test_ood"))
+    correct = model.logits(x[pool]).argmax(1) == y[pool]
+    axis = shift.shift_axis(y[s == "train"], a[s == "train"], 2, 6)
+    rows, _ = shift.reweighted_curve(correct, y[pool], a[pool], axis, 2, 0, 0)
+    regen = shift.regenerated_curve(cfg, model.logits, [r["rho"] for r in rows], 4000)
+    diffs = [abs(r["acc"] - q["acc"]) for r, q in zip(rows, regen, strict=True)]
+    assert max(diffs) < 0.035, diffs  # a few binomial standard errors at these sizes
+    assert regen[0]["acc"] - regen[-1]["acc"] > 0.1  # and the curve really falls
+    assert regen == shift.regenerated_curve(cfg, model.logits, [r["rho"] for r in rows], 4000)  # seeded
+
+
+def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two cells of the toy phase diagram, run as the real stage: each classifier wins one."""
+    from stages import phase
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", "params.yaml")
+    panel = "[{x: spurious_scale, x_values: [0.25, 2.0], y: rho_train, y_values: [0.95]}]"
+    argv = [f"phase.panels={panel}", "phase.seeds=[0,1]", "phase.epochs=15", "phase.base.n_train=300"]
+    assert phase.main(argv) == 0
+    cells = read_json(phase.PHASE_PATH)
+    assert [(c["x_knob"], c["x"], c["y_knob"], c["y"]) for c in cells] == [
+        ("spurious_scale", 0.25, "rho_train", 0.95),
+        ("spurious_scale", 2.0, "rho_train", 0.95),
+    ]
+    # A weak spurious feature: lda's likelihood weighs it little; a strong one: lda leans on it.
+    assert [c["winner"] for c in cells] == ["lda", "erm"]
+    assert all(c["seeds"] == 2 and c["diff"] == pytest.approx(c["lda_wga"] - c["erm_wga"]) for c in cells)
+    first = phase.PHASE_PATH.read_bytes()
+    assert phase.main(["phase.panels=[]"]) == 0 and read_json(phase.PHASE_PATH) == []
+    assert phase.main(argv) == 0 and phase.PHASE_PATH.read_bytes() == first  # deterministic
+
+
+def test_toy_phase_diagram_experiment_composes_and_validates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    out = compose(output=tmp_path / "params.yaml", overrides=["experiment=toy_phase_diagram"])
+    cfg = section(load_params(out), "phase", PhaseConfig)
+    knobs = {k for p in cfg.panels for k in (p.x, p.y)}
+    assert knobs == {"sigma", "spurious_scale", "rho_train", "d_noise", "n_train"}
+    assert sum(len(p.x_values) * len(p.y_values) for p in cfg.panels) >= 40
+    base = dataclasses.asdict(cfg.base)
+    assert base["rho_ood"] == 0.0  # scored on a fully reversed test set
