@@ -33,6 +33,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.workspace import copy_project
+
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_BASE = ["experiment=tiny", "run.datasets=[gaussian_shortcut]", "run.methods=[lda]", "run.teachers=[]", "run.models=[lda]"]
 
@@ -56,14 +58,7 @@ def run(cmd: Sequence[str], cwd: Path, check: bool = True) -> float:
 
 
 def copy_repo(dest: Path, overrides: Sequence[str]) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
-                           capture_output=True, check=True).stdout.split()
-    for rel in files:
-        generated = rel.startswith("data/") and not rel.startswith("data/raw/")
-        if rel == "dvc.lock" or generated or rel.startswith("tests/") or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    copy_project(ROOT, dest)
     run(["git", "init", "-q"], dest)
     run([sys.executable, "-m", "stages.config", "compose", *overrides], dest)
     run(["git", "add", "-A"], dest)

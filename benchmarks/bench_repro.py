@@ -13,7 +13,6 @@ import argparse
 import os
 import re
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -21,17 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.workspace import copy_project
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def copy_repo(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
-                           capture_output=True, check=True).stdout.split()
-    for rel in files:
-        if rel == "dvc.lock" or (rel.startswith(("data/", "tests/")) and not rel.startswith("data/raw/")) or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    copy_project(ROOT, dest)
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
 
 

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,13 @@ MAX_TEXT = 200  # characters of any one value shown
 MAX_ENTRIES = 50  # metadata keys, directory entries, JSON keys
 MAX_LIST = 8  # list elements shown in a cell
 PARQUET_MAGIC = b"PAR1"
+# Control characters (ANSI escapes start with ESC) and bidi overrides: shown escaped, never raw.
+UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character (except newline) shown as an escape like \\x1b."""
+    return UNSAFE.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 class InspectError(Exception):
@@ -42,7 +50,9 @@ class InspectError(Exception):
 def clip(value: Any, limit: int = MAX_TEXT) -> Any:
     """`value` made safe to print: strings cut to `limit`, lists to MAX_LIST, dicts to MAX_ENTRIES."""
     if isinstance(value, str):
-        return value if len(value) <= limit else value[:limit] + f"… (+{len(value) - limit} chars)"
+        if len(value) <= limit:
+            return printable(value)
+        return printable(value[:limit]) + f"… (+{len(value) - limit} chars)"
     if isinstance(value, bytes):
         return clip(value.decode("utf-8", errors="replace"), limit)
     if isinstance(value, float):
@@ -198,10 +208,9 @@ def inspect_parquet(path: Path, rows: int) -> dict[str, Any]:
     md = pf.metadata
     raw = pf.schema_arrow.metadata or {}
     meta: dict[str, Any] = {}
-    for k, v in list(raw.items())[: MAX_ENTRIES + 1]:
-        key = k.decode(errors="replace")
-        if key == "ARROW:schema":
-            continue
+    keys = [k for k in raw if k != b"ARROW:schema"]
+    for k in keys[:MAX_ENTRIES]:
+        key, v = k.decode(errors="replace"), raw[k]
         try:
             meta[key] = json.loads(v)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -210,7 +219,7 @@ def inspect_parquet(path: Path, rows: int) -> dict[str, Any]:
         "kind": "parquet",
         "rows": table.num_rows,
         "schema": [{"name": f.name, "type": clip(str(f.type), 80), "nullable": f.nullable} for f in pf.schema_arrow][:MAX_ENTRIES],
-        "metadata": clip(meta),
+        "metadata": clip(meta) | ({"…": f"+{len(keys) - MAX_ENTRIES} more keys"} if len(keys) > MAX_ENTRIES else {}),
         "parquet": {
             "created_by": clip(md.created_by, 80),
             "format_version": md.format_version,
@@ -266,6 +275,8 @@ def inspect_safetensors(path: Path) -> dict[str, Any]:
 
 def inspect_dir(path: Path, root: Path | None, stages: dict[str, Any]) -> dict[str, Any]:
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    if not files:
+        raise InspectError(f"{path}: no artifacts here (the folder is empty or holds only hidden files)")
     entries = []
     for p in files[:MAX_ENTRIES * 4]:
         lin = lineage(p, root, stages)
@@ -330,7 +341,7 @@ def render(info: dict[str, Any]) -> str:
         out.append("schema:")
         out += [f"  {f['name']}: {f['type']}{'' if f['nullable'] else ' not null'}" for f in info["schema"]]
         out.append("file metadata:")
-        out += [f"  {k}: {_cell(v)}" for k, v in info["metadata"].items()] or ["  (none)"]
+        out += [f"  {k}: {v if isinstance(v, str) else _cell(v)}" for k, v in info["metadata"].items()] or ["  (none)"]
         out.append(f"first {len(info['head'])} rows:")
         if info["head"]:
             out += _table(info["head"], list(info["head"][0]))
@@ -370,9 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         info = inspect(args.path, max(0, min(args.rows, 100)))
     except InspectError as e:
-        print(f"inspect: error: {str(e).splitlines()[0][:MAX_TEXT * 2]}", file=sys.stderr)
+        print(f"inspect: error: {printable(str(e).splitlines()[0][:MAX_TEXT * 2] if str(e) else type(e).__name__)}", file=sys.stderr)
         return 2
-    print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    print(json.dumps(info, indent=2, default=str) if args.json else printable(render(info)))
     return 0
 
 

@@ -9,7 +9,9 @@ the same bytes afterwards. docs/reliability.md lists the same rows (a test keeps
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import pickle
 import re
 import shutil
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline import inspect
 from stages import config, evaluate, prepare, train, validate
 from stages.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
 from stages.io import numpy_to_fixed_list, save_weights, write_parquet
@@ -68,8 +71,6 @@ def rewrite(change: Callable[[dict[str, np.ndarray]], None], **meta: object) -> 
 def raw_table(table: pa.Table, **meta: object) -> Callable[[], None]:
     """A mutation writing `table` as it is (any schema), with the contract metadata (None drops a key)."""
     def apply() -> None:
-        import json
-
         md = {k: json.dumps(v) for k, v in {**META, **meta}.items() if v is not None}
         pq.write_table(table.replace_schema_metadata(md), P)
     return apply
@@ -114,6 +115,88 @@ def edit_params(old: str, new: str) -> Callable[[], None]:
     return apply
 
 
+# ---- raw data: a tiny Waterbirds folder in the public format (metadata.csv + one JPEG per row) ----
+
+WB = Path("data/raw/waterbirds")
+WB_CSV = WB / "metadata.csv"
+WB_HEADER = ["img_id", "img_filename", "y", "split", "place", "place_filename"]
+WB_FAST = ("dataset.waterbirds.resolution=8", "dataset.waterbirds.workers=1")
+
+
+def waterbirds_rows() -> list[list[object]]:
+    """Every group in every official split (0/1/2 = train/val/test); row i uses image Bird_<i>.jpg."""
+    rows, i = [], 0
+    for split, counts in {0: (6, 3, 3, 6), 1: (2, 2, 2, 2), 2: (2, 2, 2, 2)}.items():
+        for g, n in enumerate(counts):
+            y, place = divmod(g, 2)
+            for _ in range(n):
+                i += 1
+                species = "001.Black_footed_Albatross" if y else "002.Laysan_Albatross"
+                rows.append([i, f"{species}/Bird_{i:04d}_{100 + i}.jpg", y, split, place, f"/b/bamboo_forest/{i:08d}.jpg"])
+    return rows
+
+
+def waterbirds(change: Callable[[list[str], list[list[object]]], None] = lambda h, r: None) -> Callable[[], None]:
+    """A mutation: the raw Waterbirds folder, with `change` applied to metadata.csv's header and rows first."""
+    def apply() -> None:
+        from PIL import Image
+
+        header, rows = list(WB_HEADER), waterbirds_rows()
+        for r in rows:
+            path = WB / str(r[1])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rng = np.random.default_rng(int(r[0]))
+            Image.fromarray(rng.integers(0, 256, (14, 20, 3), dtype=np.uint8)).save(path, "JPEG")
+        change(header, rows)
+        with open(WB_CSV, "w", newline="") as f:
+            csv.writer(f).writerows([header, *rows])
+    return apply
+
+
+def drop_csv_column(name: str) -> Callable[[list[str], list[list[object]]], None]:
+    def change(header: list[str], rows: list[list[object]]) -> None:
+        j = header.index(name)
+        del header[j]
+        for r in rows:
+            del r[j]
+    return change
+
+
+def set_csv(row: int, column: str, value: object) -> Callable[[list[str], list[list[object]]], None]:
+    def change(header: list[str], rows: list[list[object]]) -> None:
+        rows[row - 1][header.index(column)] = value
+    return change
+
+
+def image_of_row(row: int) -> Path:
+    return WB / str(waterbirds_rows()[row - 1][1])
+
+
+def not_an_image(row: int) -> Callable[[], None]:
+    def apply() -> None:
+        waterbirds()()
+        image_of_row(row).write_bytes(b"<html>404 Not Found</html>\n")
+    return apply
+
+
+# ---- inspect CLI ----
+
+INSPECTED = Path("data/inspect")
+ESC = "\x1b[2J\x1b]0;pwned\x07\r\u202e"  # clear screen, set title, bell, carriage return, bidi override
+
+
+def hostile_parquet(meta: dict[str, str]) -> Callable[[], None]:
+    def apply() -> None:
+        table = pa.table({"id": np.arange(3), f"col{ESC}": [f"v{ESC}"] * 3})
+        INSPECTED.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.replace_schema_metadata(meta), INSPECTED / "hostile.parquet")
+    return apply
+
+
+HUGE = {"dataset": json.dumps(DS), "blob": "x" * 5_000_000, **{f"k{i}": str(i) for i in range(500)}}
+ESCAPES = {f"key{ESC}": json.dumps(f"value{ESC}"), "plain": f"not json {ESC}", f"{ESC}" * 1000: ESC * 10_000}
+
+
 class Trap:
     """Unpickling this creates the file `unpickled`: proof that something was unpickled."""
 
@@ -148,6 +231,7 @@ class Case:
     mutate: Callable[[], None] | None
     names: tuple[str, ...]  # each must appear in the error
     code: int = 2
+    stream: str = "err"  # where `names` must appear: the error ("err") or, for exit 0, the report ("out")
 
 
 TRAIN = ("train", (DS, "erm", "0", *FAST))
@@ -188,6 +272,24 @@ CASES = [
     Case("seed-not-an-integer", "config", "train", (DS, "erm", "zero"), None, ("seed", "zero")),
     # raw data (the real-benchmark loaders of stages/datasets)
     Case("raw-folder-missing", "raw", "prepare", ("waterbirds",), None, ("data/raw/waterbirds", "not found", "docs/datasets.md")),
+    Case("raw-metadata-column-missing", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(drop_csv_column("place")),
+         (str(WB_CSV), "missing column(s) ['place']")),
+    Case("raw-image-unreadable", "raw", "prepare", ("waterbirds", *WB_FAST), not_an_image(5),
+         (str(image_of_row(5)), "cannot decode the image", "row 5 of the metadata CSV", "on_bad_image=skip")),
+    Case("raw-label-out-of-domain", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(set_csv(3, "y", 2)),
+         (str(WB_CSV), "row 3 (line 4)", "column 'y' is '2'", "expected an integer in [0, 1]")),
+    # the inspect CLI (python -m pipeline.inspect)
+    Case("inspect-folder-without-artifacts", "inspect", "inspect", (str(INSPECTED),), lambda: INSPECTED.mkdir(parents=True),
+         (str(INSPECTED), "no artifacts here")),
+    Case("inspect-not-parquet", "inspect", "inspect", (str(INSPECTED / "table.parquet"),),
+         lambda: (INSPECTED.mkdir(parents=True), (INSPECTED / "table.parquet").write_text("id,split,y\n0,train,1\n")),
+         (str(INSPECTED / "table.parquet"), "not a readable Parquet file")),
+    Case("inspect-huge-metadata", "inspect", "inspect", (str(INSPECTED / "hostile.parquet"),), hostile_parquet(HUGE),
+         ("blob: xxxx", "(+4999800 chars)", "+452 more keys"), code=0, stream="out"),
+    Case("inspect-escape-sequences-in-metadata", "inspect", "inspect", (str(INSPECTED / "hostile.parquet"),),
+         hostile_parquet(ESCAPES), ("key\\x1b[2J\\x1b]0;pwned\\x07\\r\\u202e", "col\\x1b[2J"), code=0, stream="out"),
+    Case("inspect-escape-sequences-json", "inspect", "inspect", (str(INSPECTED / "hostile.parquet"), "--json"),
+         hostile_parquet(ESCAPES), ("key\\\\x1b[2J", "\\u001b[2J"), code=0, stream="out"),
     # models
     Case("truncated-weights", "models", *EVAL, truncate(M), (str(M), "not a valid safetensors file")),
     Case("weights-of-another-architecture", "models", *EVAL, other_architecture, (str(M), "encoder.net.0.weight", "declared architecture")),
@@ -224,7 +326,10 @@ def base(tmp_path_factory) -> Path:
     return root
 
 
-MAINS = {"train": train.main, "validate": validate.main, "evaluate": evaluate.main, "prepare": prepare.main, "config": config.main}
+MAINS = {"train": train.main, "validate": validate.main, "evaluate": evaluate.main, "prepare": prepare.main, "config": config.main,
+         "inspect": inspect.main}
+# What a terminal would act on: C0/C1 control characters (ANSI escapes start with ESC) and bidi overrides.
+RAW_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -239,13 +344,19 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(case, base, tmp_path, 
 
     code = MAINS[case.stage](list(case.args))
 
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == case.code, err
-    assert "Traceback" not in err
-    first = err.strip().splitlines()[0]
-    assert first.startswith(f"{case.stage}: error: "), err
+    assert "Traceback" not in out + err
+    assert len(out) + len(err) < 20_000, len(out) + len(err)  # bounded, whatever the input holds
+    assert not RAW_CONTROL.search(out + err), "raw control characters reach the terminal"
+    if case.code:
+        first = err.strip().splitlines()[0]
+        assert first.startswith(f"{case.stage}: error: "), err
+    else:
+        assert not err, err
+    shown = err if case.stream == "err" else out
     for name in case.names:
-        assert name in err, f"{name!r} not in {err!r}"
+        assert name in shown, f"{name!r} not in {shown[:2000]!r}"
     after = file_hashes(work)
     assert {k: after.get(k) for k in before} == before, "an existing file changed or vanished"
     assert all(re.fullmatch(r"data/validated/.*\.failed\.json", k) for k in set(after) - set(before)), set(after) - set(before)

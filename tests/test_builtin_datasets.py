@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.workspace import copy_project
 from stages import artifacts, io
 from stages.artifacts import SPLITS
 from stages.config import Mnist1DShortcutConfig, ShortcutTextConfig
@@ -127,14 +127,7 @@ def test_builtin_datasets_run_end_to_end_through_dvc_repro(tmp_path: Path) -> No
         assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         return proc.stdout
 
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True, capture_output=True, check=True
-    ).stdout.split()
-    for rel in files:
-        skip = rel == "dvc.lock" or rel.startswith("tests/") or (rel.startswith("data/") and not rel.startswith("data/raw/"))
-        if not skip and (ROOT / rel).is_file():
-            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, tmp_path / rel)
+    copy_project(ROOT, tmp_path)
     sh("git", "init", "-q")
     sh(sys.executable, "-m", "stages.config", "compose", *TINY)
     # The chain prepare -> validate -> pretrain -> train -> evaluate, a discriminative method on

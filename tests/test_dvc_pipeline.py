@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pipeline.workspace import copy_project
 from stages import artifacts
 from stages.io import read_json, read_parquet
 
@@ -57,13 +57,7 @@ def lock_hashes(repo: Path) -> dict[str, str]:
 def repo(tmp_path_factory) -> Path:
     """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml."""
     dest = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
-                           capture_output=True, check=True).stdout.split()
-    for rel in files:
-        if rel == "dvc.lock" or (rel.startswith(("data/", "tests/")) and not rel.startswith("data/raw/")) or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
     sh(sys.executable, "-m", "stages.config", "compose", "experiment=tiny", cwd=dest)
     sh("git", "add", "-A", cwd=dest)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from pipeline.workspace import copy_project
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
@@ -176,14 +177,7 @@ def test_push_sends_outputs_to_the_dvc_remote(harness, project, tmp_path_factory
 def repo(tmp_path_factory) -> Path:
     """A fresh git+DVC copy of the project with the one-dataset tiny config in params.yaml."""
     dest = tmp_path_factory.mktemp("repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
-                           capture_output=True, check=True).stdout.split()
-    for rel in files:
-        generated = rel.startswith("data/") and not rel.startswith("data/raw/")
-        if rel == "dvc.lock" or generated or rel.startswith("tests/") or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
     sh(sys.executable, "-m", "stages.config", "compose", *SMOKE, cwd=dest)
     sh("git", "add", "-A", cwd=dest)

@@ -9,13 +9,14 @@ the points that finished.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pipeline.workspace import copy_project
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]
@@ -46,14 +47,7 @@ def harness():
 def repo(tmp_path_factory) -> Path:
     """A git+DVC copy of the project, committed (experiments need a baseline commit)."""
     dest = tmp_path_factory.mktemp("sweep-repo")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, text=True,
-                           capture_output=True, check=True).stdout.split()
-    for rel in files:
-        generated = rel.startswith("data/") and not rel.startswith("data/raw/")
-        if rel == "dvc.lock" or generated or rel.startswith("tests/") or not (ROOT / rel).is_file():
-            continue
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, dest / rel)
+    copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
     sh(sys.executable, "-m", "stages.config", "compose", *SMOKE, cwd=dest)
     # The stages every point shares run once here (the points find them in dvc.lock and the
