@@ -497,9 +497,13 @@ class AutoregressiveConfig(_GenerativeFit):
     layers: int = _help("transformer blocks", 2)
     heads: int = _help("attention heads (must divide d_model)", 2)
     ff: int = _help("hidden width of each block's MLP", 64)
+    input: str = _help("tokens from: auto (text when the dataset has a text column, else x) | x (quantised features) | text (UTF-8 bytes)", "auto")
+    max_len: int = _help("text input: byte tokens per example incl. the end token (longer text is truncated)", 64)
 
     def check(self, c: _Checks) -> None:
         super().check(c)
+        c.choice(self.input, "input", ["auto", "x", "text"])
+        c.require(self.max_len >= 2, "max_len", f"must be >= 2, got {self.max_len}")
         c.require(self.bins >= 2, "bins", f"must be >= 2, got {self.bins}")
         c.choice(self.bin_edges, "bin_edges", ["quantile", "uniform"])
         c.require(self.d_model >= 1, "d_model", f"must be >= 1, got {self.d_model}")

@@ -48,7 +48,9 @@ def distill(
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
-    teacher_logits = np.asarray(teacher.logits(train.x.numpy()))
+    # A teacher whose `input` is "text" (byte-level autoregressive) scores the train split's text.
+    text_input = getattr(teacher, "input", "x") == "text"
+    teacher_logits = np.asarray(teacher.logits(prepared.subset("train").text if text_input else train.x.numpy()))
     if teacher_logits.shape != (len(train), prepared.n_classes) or not np.isfinite(teacher_logits).all():
         from stages.io import ArtifactError
 

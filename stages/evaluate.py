@@ -345,9 +345,14 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         raise ArtifactError(
             f"{mdir}: model has {classifier.n_classes} classes, {prepared_file} has {prepared.n_classes}"
         )
-    logits = classifier.logits(prepared.x, batch_size=cfg.batch_size)
+    # A model whose `input` is "text" (autoregressive over bytes) scores the prepared `text` column.
+    text_input = getattr(classifier, "input", "x") == "text"
+    if text_input and prepared.text is None:
+        raise ArtifactError(f"{mdir}: model scores text but {prepared_file} has no text column")
+    inputs = (lambda p: p.text) if text_input else (lambda p: p.x)
+    logits = classifier.logits(inputs(prepared), batch_size=cfg.batch_size)
     loglik_fn = getattr(classifier, "log_likelihood", None)
-    loglik = loglik_fn(prepared.x) if callable(loglik_fn) else None
+    loglik = loglik_fn(inputs(prepared)) if callable(loglik_fn) else None
     table, metrics, plots = evaluate_predictions(
         prepared,
         logits,
@@ -359,7 +364,7 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         loglik=loglik,
     )
     regenerate = regenerated_shift(prepared, classifier, plots["shift_curve"], cfg)
-    cost = inference_cost(classifier, prepared.subset("test_id").x[:COST_SAMPLE], cfg.batch_size)
+    cost = inference_cost(classifier, inputs(prepared.subset("test_id"))[:COST_SAMPLE], cfg.batch_size)
 
     identity = {"dataset": dataset, "model": model, "seed": seed_int}
     schema = predictions_schema(prepared.n_classes)

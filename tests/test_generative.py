@@ -112,6 +112,33 @@ def test_autoregressive_takes_text_through_the_byte_tokenizer():
     assert logits.argmax(1).tolist() == [1, 0, 1, 0]
 
 
+def test_autoregressive_learns_shortcut_text_from_bytes_and_round_trips(tmp_path):
+    """input=auto on a text dataset: the byte-level model trains and scores on `text`; the saved
+    model records tokenizer and max_len, and declares input == "text" for evaluate."""
+    from stages import io
+    from stages.artifacts import prepared_schema_for
+    from stages.config import ShortcutTextConfig
+    from stages.prepare import prepare
+
+    table, meta = prepare("shortcut_text", ShortcutTextConfig(n_train=800, n_val=60, n_test_id=100, n_test_ood=60))
+    io.write_parquet(table, tmp_path / "t.parquet", prepared_schema_for(meta), meta)
+    prepared = read_prepared(tmp_path / "t.parquet")
+    assert prepared.text is not None
+    cfg = types.SimpleNamespace(bins=8, bin_edges="quantile", d_model=32, layers=1, heads=2, ff=64, lr=1e-2,
+                                weight_decay=0.0, epochs=30, batch_size=32, selection="val_avg", eval_every=30,
+                                input="auto", max_len=40)
+    model, _ = train_autoregressive(prepared, cfg, seed=0)
+    assert model.input == "text" and isinstance(model.tokenizer, ByteTokenizer)
+    logits = model.logits(prepared.text)
+    assert accuracy(logits, prepared, "test_id") > 0.8  # chance is 0.5
+    save_model(tmp_path / "m", model, {}, None)
+    loaded = load_model(tmp_path / "m")
+    assert loaded.arch()["tokenizer"] == "bytes" and loaded.arch()["max_len"] == 40 and loaded.input == "text"
+    assert np.array_equal(loaded.logits(prepared.text), logits)
+    with pytest.raises(ValueError, match="input=text"):
+        train_autoregressive(blobs(), types.SimpleNamespace(**{**vars(cfg), "input": "text"}), seed=0)
+
+
 def test_qda_matches_sklearn_and_learns():
     from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
 
@@ -292,3 +319,23 @@ def test_train_and_evaluate_stages_run_the_generative_methods(tmp_path, monkeypa
         assert predictions_path("gaussian_shortcut", method, 0).is_file()
         assert config["metrics"]["test_id"]["acc"] > 0.7  # chance 0.5; the shortcut alone gives 0.95
     assert read_prepared("data/prepared/gaussian_shortcut.parquet").n_classes == 2
+
+
+def test_stages_train_evaluate_and_distill_a_byte_level_autoregressive_model(tmp_path, monkeypatch):
+    """On shortcut_text, input=auto trains on `text`; evaluate and distill pass the model text."""
+    monkeypatch.chdir(tmp_path)
+    params = ["--params", str(ROOT / "params.yaml")]
+    from stages import distill, prepare
+
+    small = [f"dataset.shortcut_text.{k}={n}" for k, n in (("n_train", 200), ("n_val", 60), ("n_test_id", 60), ("n_test_ood", 60))]
+    assert prepare.main(["shortcut_text", *small, *params]) == 0
+    tiny = ["method.autoregressive.epochs=2", "method.autoregressive.eval_every=2", "method.autoregressive.batch_size=64",
+            "method.autoregressive.max_len=48"]
+    assert train.main(["shortcut_text", "autoregressive", "0", *tiny, *params]) == 0
+    folder = model_dir("shortcut_text", "autoregressive", 0)
+    arch = read_json(folder / CONFIG)["architecture"]
+    assert arch["tokenizer"] == "bytes" and arch["max_len"] == 48
+    assert load_model(folder).input == "text"
+    assert evaluate.main(["shortcut_text", "autoregressive", "0", *params]) == 0
+    assert predictions_path("shortcut_text", "autoregressive", 0).is_file()
+    assert distill.main(["shortcut_text", "autoregressive", "0", "distill.epochs=1", *params]) == 0

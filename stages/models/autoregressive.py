@@ -18,8 +18,9 @@ Tokenizers (the `Tokenizer` protocol: `encode(x) -> (tokens, mask)`, `vocab_size
   bins−1 edges per feature either at the train split's quantiles (`quantile`) or evenly
   over its train range (`uniform`). L = number of features.
 - `ByteTokenizer` — text: UTF-8 bytes (0..255) then an end token (256), truncated to
-  `max_len` tokens, padding masked out of the sum. Plugs into the same model; a prepared
-  text dataset (`text` column) only needs the train stage to pass strings instead of x.
+  `max_len` tokens, padding masked out of the sum. Used on a prepared text dataset's `text`
+  column when `method.autoregressive.input` is `text` (or `auto`, the default, and the
+  dataset has text); such a model's `input` is "text" and evaluate passes it the strings.
 """
 
 from __future__ import annotations
@@ -106,7 +107,15 @@ class ByteTokenizer(nn.Module):
     def arch(self) -> dict[str, Any]:
         return {"tokenizer": self.kind, "max_len": self.seq_len}
 
+    def pack(self, texts: Sequence[str]) -> torch.Tensor:
+        """Pre-encoded ids (int64, (n, seq_len)) with −1 for padding: a tensor `encode` accepts
+        back and training can index by rows (strings cannot be)."""
+        tokens, mask = self.encode(texts)
+        return tokens.masked_fill(~mask, -1)
+
     def encode(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.int64:  # from `pack`
+            return x.clamp(min=0), x >= 0
         texts: Sequence[str] = list(x)
         tokens = torch.zeros(len(texts), self.seq_len, dtype=torch.int64)
         mask = torch.zeros(len(texts), self.seq_len, dtype=torch.bool)
@@ -179,6 +188,11 @@ class AutoregressiveClassifier(nn.Module):
             "log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64)
         )
         self._cache: tuple[bytes, np.ndarray] | None = None
+
+    @property
+    def input(self) -> str:
+        """What `logits`/`log_likelihood` take: "text" (strings, the prepared `text` column) or "x"."""
+        return "text" if self.tokenizer.kind == "bytes" else "x"
 
     def arch(self) -> dict[str, Any]:
         """The architecture arguments `load_model` rebuilds this model from."""
@@ -273,18 +287,36 @@ class AutoregressiveClassifier(nn.Module):
         return logsumexp_np(self._cached_joint(x))
 
 
+def uses_text(prepared: Any, cfg: Any) -> bool:
+    """Whether `cfg.input` (auto | x | text; auto = text when the dataset has a text column) picks text."""
+    choice = getattr(cfg, "input", "auto")
+    has_text = getattr(prepared, "text", None) is not None
+    if choice == "text" and not has_text:
+        raise ValueError("method.autoregressive.input=text but the prepared dataset has no text column")
+    return choice == "text" or (choice == "auto" and has_text)
+
+
 def train_autoregressive(prepared: Any, cfg: Any, seed: int, desc: str = "train autoregressive") -> tuple[AutoregressiveClassifier, Any]:
     """Fit an AutoregressiveClassifier (AutoregressiveConfig `cfg`) on the train split's
-    quantised features; select by `cfg.selection`. Returns (model with the selected weights, FitResult)."""
+    quantised features, or on the UTF-8 bytes of its `text` column (`uses_text`; truncated to
+    `cfg.max_len` tokens); select by `cfg.selection`. Returns (model with the selected weights, FitResult)."""
     from stages.models.generative import GenerativeFitOptions, fit_generative
-    from stages.models.training import split_data
+    from stages.models.training import SplitData, split_data
     from stages.runtime import setup_torch
 
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
     dim = prepared.x.shape[1]
-    tokenizer = QuantileTokenizer(dim, cfg.bins, cfg.bin_edges).fit(train.x)
+    tokenizer: nn.Module
+    if uses_text(prepared, cfg):
+        tokenizer = ByteTokenizer(cfg.max_len)
+        splits = {
+            name: SplitData(x=tokenizer.pack(prepared.text[prepared.mask(name)]), y=s.y, g=s.g)
+            for name, s in splits.items()
+        }
+    else:
+        tokenizer = QuantileTokenizer(dim, cfg.bins, cfg.bin_edges).fit(train.x)
     model = AutoregressiveClassifier(dim, prepared.n_classes, tokenizer, cfg.d_model, cfg.layers, cfg.heads, cfg.ff)
     with torch.no_grad():
         model.log_priors.copy_(log_priors(train.y, prepared.n_classes))
