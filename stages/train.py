@@ -120,24 +120,32 @@ def train_generative(prepared: Prepared, cfg: DiffusionConfig | AutoregressiveCo
     return train_autoregressive(prepared, cfg, seed, desc=f"train {method}")
 
 
+def pretrained_encoder(dataset: str):
+    """The pretrain stage's encoder of `dataset`: (its path, input standardisation, encoder)."""
+    from stages.artifacts import pretrained_dir
+    from stages.io import ArtifactError
+    from stages.models import ENCODER, load_encoder
+
+    path = pretrained_dir(dataset) / ENCODER
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: pretrained encoder not found; it is made by the pretrain stage "
+            f"(`python -m stages.pretrain {dataset}` or `dvc repro pretrain@{dataset}`)"
+        )
+    standardize, encoder = load_encoder(path)
+    return path, standardize, encoder
+
+
 def build_mlp(prepared: Prepared, cfg: ErmConfig, dataset: str) -> MLPClassifier:
     """An MLPClassifier: fresh encoder (init=scratch) or the pretrained one (init=pretrained)."""
     import torch
 
-    from stages.artifacts import pretrained_dir
     from stages.io import ArtifactError
-    from stages.models import ENCODER, load_encoder
     from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
 
     in_dim = prepared.x.shape[1]
     if cfg.init == "pretrained":
-        path = pretrained_dir(dataset) / ENCODER
-        if not path.is_file():
-            raise ArtifactError(
-                f"{path}: pretrained encoder not found; it is made by the pretrain stage "
-                f"(`python -m stages.pretrain {dataset}` or `dvc repro pretrain@{dataset}`)"
-            )
-        standardize, encoder = load_encoder(path)
+        path, standardize, encoder = pretrained_encoder(dataset)
         if encoder.in_dim != in_dim:
             raise ArtifactError(f"{path}: encoder expects {encoder.in_dim} inputs, the prepared data has {in_dim}")
         return MLPClassifier(encoder, prepared.n_classes, standardize)
@@ -252,21 +260,13 @@ def train_dfr(
     import numpy as np
     import torch
 
-    from stages.artifacts import pretrained_dir
     from stages.io import ArtifactError
-    from stages.models import ENCODER, load_encoder
     from stages.models.robust import dfr_classifier, fit_dfr, group_scores
     from stages.models.training import history_rows, history_table, split_data, split_metrics
     from stages.runtime import setup_torch
 
     setup_torch(seed)
-    path = pretrained_dir(dataset) / ENCODER
-    if not path.is_file():
-        raise ArtifactError(
-            f"{path}: pretrained encoder not found; it is made by the pretrain stage "
-            f"(`python -m stages.pretrain {dataset}` or `dvc repro pretrain@{dataset}`)"
-        )
-    standardize, encoder = load_encoder(path)
+    path, standardize, encoder = pretrained_encoder(dataset)
     embedded = read_embeddings(dataset, prepared, cfg.reads_splits())
     val = embedded["val"]
     with torch.no_grad():
