@@ -7,7 +7,6 @@ One module-scoped copy runs the whole DAG once; the tests after it mutate it in 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import yaml
 from pipeline.workspace import copy_project
 from stages import artifacts
 from stages.io import read_json, read_parquet
+from tests.support import project_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc")]
@@ -29,16 +29,10 @@ DATASETS = ["gaussian_shortcut", "colored_digits"]
 MODELS = yaml.safe_load((ROOT / "conf" / "experiment" / "tiny.yaml").read_text())["run"]["models"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", GIT_AUTHOR_NAME="t",
-               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    return env
 
 
 def sh(*cmd: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), text=True, capture_output=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=cwd, env=project_env(), text=True, capture_output=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

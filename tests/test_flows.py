@@ -9,7 +9,6 @@ run in file order on that one copy (one xdist group).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from pipeline.workspace import copy_project
+from tests.support import project_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
@@ -46,26 +46,12 @@ stages:
 """
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", GIT_AUTHOR_NAME="t",
-               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    return env
 
 
 def sh(*cmd: str, cwd: Path) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), text=True, capture_output=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=cwd, env=project_env(), text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
-
-
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def run_info(state: Any) -> tuple[dict[str, str], dict[str, Any], dict[str, str]]:
