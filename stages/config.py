@@ -513,9 +513,46 @@ class AutoregressiveConfig(_GenerativeFit):
         c.require(self.ff >= 1, "ff", f"must be >= 1, got {self.ff}")
 
 
+@dataclass
+class TextErmConfig:
+    """Discriminative text baseline: ERM of a bag-of-embeddings classifier over the word tokens of
+    a text dataset's `text` column (vocabulary from the train split); needs a text dataset."""
+
+    kind: str = _help("method family", "text_erm")
+    vocab_size: int = _help("most frequent train words given an embedding (others share the unknown token)", 10000)
+    max_len: int = _help("word tokens read per example (longer text is truncated)", 128)
+    dim: int = _help("embedding width", 32)
+    hidden: list[int] = _help("ReLU layer widths between the mean embedding and the linear head ([] = linear)", [])
+    lr: float = _help("AdamW learning rate", 1e-2)
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    epochs: int = _help("training epochs", 20)
+    batch_size: int = _help("minibatch size", 64)
+    selection: str = _help("checkpoint selection: val_avg | val_worst_group | oracle", "val_worst_group")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """The splits whose rows can change the trained weights: train, and the selection split."""
+        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
+
+    def check(self, c: _Checks) -> None:
+        c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
+        c.require(self.vocab_size >= 1, "vocab_size", f"must be >= 1, got {self.vocab_size}")
+        c.require(self.max_len >= 1, "max_len", f"must be >= 1, got {self.max_len}")
+        c.require(self.dim >= 1, "dim", f"must be >= 1, got {self.dim}")
+        c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
+        c.positive(self.lr, "lr")
+        c.non_negative(self.weight_decay, "weight_decay")
+        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
+        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.choice(self.selection, "selection", SELECTIONS)
+
+
 METHOD_SCHEMAS: dict[str, type] = {"erm": ErmConfig, "groupdro": GroupDROConfig, "lda": LDAConfig}
 METHOD_SCHEMAS.update(reweight=ReweightConfig, jtt=JTTConfig, probe=ProbeConfig, dfr=DFRConfig)
 METHOD_SCHEMAS.update(qda=QDAConfig, diffusion=DiffusionConfig, autoregressive=AutoregressiveConfig)
+METHOD_SCHEMAS.update(text_erm=TextErmConfig)
+# Method kinds that read the prepared `text` column, and the dataset kinds whose prepared file has one.
+TEXT_METHODS = ("text_erm",)
+TEXT_DATASETS = ("shortcut_text", "civilcomments")
 
 
 @dataclass
@@ -773,13 +810,32 @@ def _kind(params: DictConfig, key: str, schemas: dict[str, type]) -> str:
 def check_all(params: DictConfig) -> RunConfig:
     """Validate every section `dvc repro` will read; raises on the first section with errors."""
     run = section(params, "run", RunConfig)
-    for name in run.datasets:
-        dataset_config(params, name)
+    datasets = {name: dataset_config(params, name) for name in run.datasets}
     for name in run.methods:
-        method_config(params, name)
+        cfg = method_config(params, name)
+        # The train matrix runs every method on every dataset: a text method needs text everywhere.
+        for dataset, dcfg in datasets.items():
+            check_text_input(name, cfg, dataset, dcfg.kind)
     for key, schema in (("pretrain", PretrainConfig), ("distill", DistillConfig), ("train", TrainConfig), ("validate", ValidateConfig), ("evaluate", EvaluateConfig), ("phase", PhaseConfig)):
         section(params, key, schema)
     return run
+
+
+def check_text_input(method: str, cfg: Any, dataset: str, dataset_kind: str | None, has_text: bool | None = None) -> None:
+    """ConfigError when method `method` (config `cfg`) reads text and dataset `dataset` has none.
+
+    `has_text` (known once the prepared file is read) overrides the guess from `dataset_kind`.
+    """
+    if cfg.kind not in TEXT_METHODS:
+        return
+    if has_text is None:
+        has_text = dataset_kind in TEXT_DATASETS
+    if not has_text:
+        raise ConfigError(
+            f"params.yaml: method.{method} (kind {cfg.kind}) reads the prepared `text` column, but dataset "
+            f"'{dataset}' (kind {dataset_kind}) has none; run it on a text dataset ({', '.join(TEXT_DATASETS)}), "
+            f"e.g. `dvc exp run -S experiment=shortcut_text`"
+        )
 
 
 def describe(schema: type, prefix: str) -> str:

@@ -6,7 +6,9 @@ Reads data/prepared/<dataset>.parquet and the section `method.<method>` of param
 (its `kind` picks the family). erm, groupdro, reweight, jtt and probe train an MLP with the
 shared minibatch loop and keep the epoch chosen by `selection`; lda and qda are fitted in
 closed form on the train split; diffusion and autoregressive (generative classifiers) train
-with `stages.models.generative.fit_generative` and the same selection criteria; dfr fits a linear head on the pretrained embeddings of val only. With
+with `stages.models.generative.fit_generative` and the same selection criteria; text_erm (a
+bag-of-embeddings classifier over the `text` column's word tokens, stages/models/text.py) trains
+with the shared loop like erm and needs a text dataset; dfr fits a linear head on the pretrained embeddings of val only. With
 `init: pretrained` the encoder (architecture and weights, including its input
 standardisation) comes from data/pretrained/<dataset>/encoder.safetensors and is fine-tuned
 (frozen for probe and dfr); `hidden` is then ignored. Writes data/models/<dataset>/<method>/seed=<seed>/.
@@ -16,7 +18,7 @@ change the weights; tests/test_robust.py poisons every other split and checks th
 not move), `selections` (the epoch and metrics each criterion val_avg / val_worst_group /
 oracle would pick; only `selection` chose the weights) and, via `save_model`, `inference_cost`.
 
-erm and groupdro write a checkpoint to scratch/checkpoints/train@<dataset>-<method>-<seed>/
+erm, groupdro and text_erm write a checkpoint to scratch/checkpoints/train@<dataset>-<method>-<seed>/
 every `train.checkpoint_every` epochs and when stopped by SIGINT/SIGTERM; running the same
 command again resumes from it (byte-identical result) unless `train.resume=false`. The
 checkpoint is deleted once the model folder is written (see stages/checkpoint.py).
@@ -46,7 +48,9 @@ from stages.config import (
     ProbeConfig,
     QDAConfig,
     ReweightConfig,
+    TextErmConfig,
     TrainConfig,
+    check_text_input,
     describe,
     method_config,
     section,
@@ -310,14 +314,15 @@ def train_settings(params: DictConfig) -> TrainConfig:
     return TrainConfig() if OmegaConf.select(params, "train") is None else section(params, "train", TrainConfig)
 
 
-def checkpointer(dataset: str, method: str, seed: int, cfg: ErmConfig, settings: TrainConfig) -> Checkpointer:
+def checkpointer(dataset: str, method: str, seed: int, cfg: ErmConfig | TextErmConfig, settings: TrainConfig) -> Checkpointer:
     """The Checkpointer of stage train@<dataset>-<method>-<seed>, fingerprinted by config, inputs and code."""
     from stages.artifacts import prepared_path, pretrained_dir
     from stages.checkpoint import Checkpointer, fingerprint
     from stages.models import ENCODER
 
     here = Path(__file__).resolve().parent
-    inputs = [prepared_path(dataset)] + ([pretrained_dir(dataset) / ENCODER] if cfg.init == "pretrained" else [])
+    pretrained = getattr(cfg, "init", "scratch") == "pretrained"  # text_erm has no init
+    inputs = [prepared_path(dataset)] + ([pretrained_dir(dataset) / ENCODER] if pretrained else [])
     code = [here / "train.py", here / "models", here / "checkpoint.py", here / "runtime.py"]
     config = {"dataset": dataset, "method": method, "seed": seed, "config": dataclasses.asdict(cfg)}
     return Checkpointer(
@@ -361,6 +366,21 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         record.update(architecture=model.arch(), selection=cfg.selection, selected_epoch=result.selected_epoch, metrics=metrics)
         record.update(selections=selection_summary(result.history))
         save_model(out, model, record, result.history)
+        how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
+    elif isinstance(cfg, TextErmConfig):
+        # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
+        check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
+        from stages.models.text import train_text
+
+        ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
+        model, result = train_text(prepared, cfg, seed_i, desc=f"train {method}", checkpoint=ckpt)
+        metrics = result.selected_metrics
+        # The vocabulary lives in model.safetensors' metadata; config.json records only its size.
+        arch = {k: v for k, v in model.arch().items() if k != "vocab"}
+        record.update(architecture={**arch, "vocab_words": len(model.vocab)}, selection=cfg.selection)
+        record.update(selected_epoch=result.selected_epoch, metrics=metrics, selections=selection_summary(result.history))
+        save_model(out, model, record, result.history)
+        ckpt.clear()  # the model folder is written: nothing left to resume
         how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
     elif isinstance(cfg, LDAConfig):  # and QDAConfig
         model, metrics, history = train_lda(prepared, cfg, method)

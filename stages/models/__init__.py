@@ -17,6 +17,9 @@ Kinds (`Classifier.kind`, the architecture, not the training method):
                     over shared noise draws (stages/models/diffusion.py)
     autoregressive  AutoregressiveClassifier: `logits` are log p(tokens(x) | y) + log π_y
                     (stages/models/autoregressive.py)
+    text            TextClassifier (text_erm): pre-softmax class scores of a bag of word
+                    embeddings; takes the `text` column (`input == "text"`); its vocabulary
+                    is in the metadata (stages/models/text.py)
 
 The generative kinds (lda, qda, diffusion, autoregressive) also have `log_likelihood(x)`,
 per-example log p(x) (an ELBO estimate for diffusion, of the tokenised x for autoregressive).
@@ -60,7 +63,7 @@ CONFIG = "config.json"
 HISTORY = "history.parquet"
 ENCODER = "encoder.safetensors"
 EMBEDDINGS = "embeddings.parquet"
-KINDS = ("mlp", "lda", "qda", "diffusion", "autoregressive")
+KINDS = ("mlp", "lda", "qda", "diffusion", "autoregressive", "text")
 
 
 class Classifier(Protocol):
@@ -165,11 +168,12 @@ def _build(meta: dict[str, Any], path: Path) -> nn.Module:
         from stages.models.lda import QDAClassifier
 
         return QDAClassifier(in_dim, n_classes)
-    if kind in ("diffusion", "autoregressive"):
+    if kind in ("diffusion", "autoregressive", "text"):
         from stages.models.autoregressive import AutoregressiveClassifier
         from stages.models.diffusion import DiffusionClassifier
+        from stages.models.text import TextClassifier
 
-        cls = DiffusionClassifier if kind == "diffusion" else AutoregressiveClassifier
+        cls = {"diffusion": DiffusionClassifier, "autoregressive": AutoregressiveClassifier, "text": TextClassifier}[kind]
         try:
             return cls.from_arch(meta)
         except (KeyError, TypeError, ValueError) as e:
