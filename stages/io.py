@@ -222,18 +222,26 @@ def write_parquet_stream(
         stream.close(metadata)
 
 
-def read_parquet(
-    path: str | os.PathLike[str], schema: pa.Schema | None = None, columns: list[str] | None = None
-) -> pa.Table:
-    """Read a Parquet file; with `schema`, every field must be present with its exact type."""
-    path = Path(path)
+def _open_parquet(path: Path, pre_buffer: bool = True) -> pq.ParquetFile:
+    """Open a Parquet file's footer, naming the file when it is missing or not Parquet."""
     if not path.is_file():
         raise ArtifactError(f"{path}: file not found")
     try:
-        pf = pq.ParquetFile(path)
-        file_schema = pf.schema_arrow
+        pf = pq.ParquetFile(path, pre_buffer=pre_buffer)
+        _ = pf.schema_arrow  # decoding the Arrow schema is part of "readable"
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{path}: not a readable Parquet file ({e})") from e
+    return pf
+
+
+def read_parquet(
+    path: str | os.PathLike[str], schema: pa.Schema | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """Read a Parquet file (only `columns`, if given); with `schema`, every field must be present
+    with its exact type."""
+    path = Path(path)
+    pf = _open_parquet(path)
+    file_schema = pf.schema_arrow
     if schema is not None:
         for field in schema:
             if field.name not in file_schema.names:
@@ -250,6 +258,48 @@ def read_parquet(
         return pf.read(columns=columns)
     except (pa.ArrowInvalid, OSError) as e:
         raise ArtifactError(f"{path}: corrupt Parquet data ({e})") from e
+
+
+def read_parquet_schema(path: str | os.PathLike[str]) -> pa.Schema:
+    """The Arrow schema of a Parquet file, from its footer alone (no data is read)."""
+    return _open_parquet(Path(path)).schema_arrow
+
+
+def iter_parquet_batches(
+    path: str | os.PathLike[str], columns: list[str], max_bytes: int = 4 << 20
+) -> Iterator[pa.RecordBatch]:
+    """Stream `columns` of a Parquet file in record batches: memory holds one batch, not the file.
+
+    A batch has as many rows as fit in `max_bytes` of Arrow data when every column has a
+    fixed width (a fixed-size list counts list size × value width), else 1,024 rows; at
+    least one row. Decoding a batch of a list column transiently takes tens of times its
+    Arrow size (int32 values plus repetition/definition levels), hence the small default.
+    """
+    path = Path(path)
+    # pre_buffer would read the requested columns of every row group up front: the whole file.
+    pf = _open_parquet(path, pre_buffer=False)
+    missing = [c for c in columns if c not in pf.schema_arrow.names]
+    if missing:
+        names = pf.schema_arrow.names
+        raise ArtifactError(f"{path}: missing column(s) {missing}; columns are {names}")
+    widths = [_fixed_width(pf.schema_arrow.field(c).type) for c in columns]
+    fixed = all(w is not None for w in widths)
+    rows = max(1, max_bytes // sum(widths)) if fixed and widths else 1024  # type: ignore[arg-type]
+    try:
+        yield from pf.iter_batches(batch_size=rows, columns=columns)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ArtifactError(f"{path}: corrupt Parquet data ({e})") from e
+
+
+def _fixed_width(t: pa.DataType) -> int | None:
+    """Bytes per row of a fixed-width type (fixed-size lists included); None when it varies."""
+    if pa.types.is_fixed_size_list(t):
+        inner = _fixed_width(t.value_type)
+        return t.list_size * inner if inner is not None else None
+    try:
+        return max(1, t.bit_width // 8)
+    except ValueError:  # strings, variable lists, ...: no fixed width
+        return None
 
 
 def _same_type(got: pa.DataType, want: pa.DataType) -> bool:

@@ -12,7 +12,9 @@ expectation on stderr and exits 2, so nothing downstream runs.
 
 GX checks pandas columns, and `x` is a fixed-size list, so the suite runs on two frames:
 
-rows         the file's columns plus derived per-row columns:
+rows         the file's columns other than `x`, plus per-row columns derived from it:
+             x           True where the row has an `x`, null where `x` is null (the
+                         features themselves are never put in the frame)
              x_len       number of features in the row (must be prod(shape))
              x_finite    every feature is finite (no NaN/inf)
              g_expected  y * n_attrs + a (must equal g)
@@ -21,6 +23,10 @@ split_stats  one row of per-split aggregates GX has no row-level expression for:
              min_count_<split>    smallest group count in that split (0 if a group is absent)
              agree_rate_<split>   mean of `agrees` over the split (null if the split is empty)
              ood_shift            |agree_rate_test_ood - agree_rate_train|
+
+`x` is read in record batches of at most `X_BATCH_BYTES` (`stages.io.iter_parquet_batches`)
+and reduced to x, x_len and x_finite batch by batch, so a 200k-image dataset never has all its
+pixels in memory at once; the other columns are read whole (a few numbers per row).
 
 `ood_shifted` requires ood_shift >= min_shift when the metadata's own shift
 |rho_ood - rho_train| is at least min_shift; a dataset configured with a smaller shift
@@ -36,17 +42,25 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stages.artifacts import SPLITS, data_docs_dir, prepared_path, validated_path
 from stages.config import ValidateConfig, describe, section, stage_main
-from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet, write_json
+from stages.io import (
+    ArtifactError,
+    iter_parquet_batches,
+    read_metadata,
+    read_parquet,
+    read_parquet_schema,
+    write_json,
+)
 
 CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
 INT_COLUMNS = ("id", "y", "a", "g")
@@ -55,6 +69,11 @@ REQUIRED_META = ("n_classes", "n_attrs", "shape", "rho_train", "rho_ood")
 # A fixed run identity keeps GX from stamping the current time into the Data Docs paths.
 RUN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 MAX_EXAMPLES = 10
+# Arrow bytes of `x` per record batch of the streaming scan. Decoding a list column out of
+# Parquet (int32 values, repetition and definition levels, allocator slack) transiently takes
+# tens of times that: 4 MiB batches of 3x32x32 uint8 pixels (1,365 rows) add ~170 MiB to
+# peak RSS, whatever the number of rows.
+X_BATCH_BYTES = 4 << 20
 
 
 class ValidationFailed(ArtifactError):
@@ -111,20 +130,75 @@ def meta_params(meta: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
     return out
 
 
-def rows_frame(table: pa.Table, n_attrs: int) -> Any:
-    """The table as a pandas frame plus the derived columns x_len, x_finite, g_expected, agrees.
+@dataclass(frozen=True)
+class XColumns:
+    """The per-row summary of `x` the rows frame carries instead of the features themselves.
 
-    A missing source column leaves its derived columns null, so the expectations on them
-    fail alongside the column-set expectation instead of crashing here.
+    present  bool per row: x is not null
+    length   int64 per row: number of features (0 for a non-list x; unused where absent)
+    finite   bool per row: every feature is finite (False for a non-list x)
+    """
+
+    present: np.ndarray
+    length: np.ndarray
+    finite: np.ndarray
+
+    def series(self) -> dict[str, Any]:
+        """The frame columns x, x_len, x_finite: null where x is null, else True / length / flag."""
+        import pandas as pd
+
+        if self.present.all():  # the common case keeps a numeric x_len, as GX reports it
+            return {
+                "x": pd.Series(np.ones(len(self.present), dtype=bool), dtype=object),
+                "x_len": pd.Series(self.length),
+                "x_finite": pd.Series(self.finite, dtype=object),
+            }
+        out = {}
+        for name, values in (("x", self.present), ("x_len", self.length), ("x_finite", self.finite)):
+            col = values.astype(object)  # Python ints/bools, so None can stand in for a null x
+            col[~self.present] = None
+            out[name] = pd.Series(col, dtype=object)
+        return out
+
+
+def scan_x(chunks: Iterable[pa.Array | pa.RecordBatch]) -> XColumns:
+    """Reduce `x`, chunk by chunk, to `XColumns`; only one chunk's features are ever held.
+
+    Chunks are arrays of the x column or record batches whose only column is x.
+    """
+    present, length, finite = [], [], []
+    for chunk in chunks:
+        x = chunk.column(0) if isinstance(chunk, pa.RecordBatch) else chunk
+        p, n, f = _x_checks(x)
+        present.append(p)
+        length.append(n)
+        finite.append(f)
+    if not present:
+        return XColumns(np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, bool))
+    return XColumns(
+        np.concatenate(present), np.concatenate(length).astype(np.int64), np.concatenate(finite)
+    )
+
+
+def rows_frame(table: pa.Table, n_attrs: int, x: XColumns | None = None) -> Any:
+    """The table as a pandas frame plus the derived columns x, x_len, x_finite, g_expected, agrees.
+
+    `x` is the summary from `scan_x` when the caller streamed the x column (`validate`);
+    without it, an `x` column of `table` is summarised here. A missing source column leaves
+    its derived columns null, so the expectations on them fail alongside the column-set
+    expectation instead of crashing here.
     """
     import pandas as pd
 
     df = table.drop_columns([c for c in table.column_names if c == "x"]).to_pandas()
     n = table.num_rows
-    if "x" in table.column_names:
-        x_col = table.column("x").combine_chunks()
-        df["x"] = pd.Series(x_col.to_numpy(zero_copy_only=False), dtype=object)
-        df["x_len"], df["x_finite"] = _x_checks(x_col)
+    if x is None and "x" in table.column_names:
+        x = scan_x(table.column("x").chunks)
+    if x is not None:
+        if len(x.present) != n:
+            raise ArtifactError(f"the x summary has {len(x.present)} rows, the table {n}")
+        for name, col in x.series().items():
+            df[name] = col
     else:
         df["x_len"] = pd.Series([None] * n, dtype=object)
         df["x_finite"] = pd.Series([None] * n, dtype=object)
@@ -137,37 +211,40 @@ def rows_frame(table: pa.Table, n_attrs: int) -> Any:
     return df
 
 
-def _x_checks(x: pa.Array) -> tuple[Any, Any]:
-    """Per-row feature count and all-finite flag of a list column (null rows stay null).
+def _x_checks(x: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-row (not null, feature count, all finite) of one chunk of the x column, vectorised.
 
-    A column that is not a list at all gets length 0 everywhere, so `x_len` names it.
+    A column that is not a list at all gets length 0 and finite False everywhere, so
+    `x_len` names it. Variable-length lists (a corrupted file) get their own lengths; a
+    null feature, or a value type that is not numeric, counts as not finite.
     """
-    import pandas as pd
-
+    n = len(x)
+    present = np.logical_not(x.is_null().to_numpy(zero_copy_only=False))
     if not (
         pa.types.is_list(x.type)
         or pa.types.is_large_list(x.type)
         or pa.types.is_fixed_size_list(x.type)
     ):
-        return pd.Series(np.zeros(len(x), dtype=np.int64)), pd.Series(
-            [False] * len(x), dtype=object
-        )
-    if pa.types.is_fixed_size_list(x.type) and x.null_count == 0:
-        lengths = np.full(len(x), x.type.list_size, dtype=np.int64)
-        if pa.types.is_integer(x.type.value_type):  # uint8 pixels: finite by construction
-            return pd.Series(lengths), pd.Series(np.ones(len(x), dtype=bool), dtype=object)
-        values = fixed_list_to_numpy(x, np.float64)
-        return pd.Series(lengths), pd.Series(np.isfinite(values).all(axis=1), dtype=object)
-    lengths, finite = [], []
-    for row in x.to_pylist():
-        if row is None:
-            lengths.append(None)
-            finite.append(None)
-        else:
-            arr = np.asarray([np.nan if v is None else v for v in row], dtype=np.float64)
-            lengths.append(len(row))
-            finite.append(bool(np.isfinite(arr).all()))
-    return pd.Series(lengths, dtype=object), pd.Series(finite, dtype=object)
+        return present, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    if pa.types.is_fixed_size_list(x.type):
+        length = np.full(n, x.type.list_size, dtype=np.int64)
+    else:  # null rows get 0 here; XColumns.series() nulls them
+        length = pc.fill_null(pc.list_value_length(x), 0).to_numpy(zero_copy_only=False)
+    finite = np.ones(n, dtype=bool)
+    value_type = x.type.value_type
+    values = x.flatten()  # the features of the non-null rows only
+    if pa.types.is_floating(value_type):
+        bad = ~np.isfinite(values.to_numpy(zero_copy_only=False))  # a null feature reads as NaN
+    elif pa.types.is_integer(value_type) or pa.types.is_boolean(value_type):
+        if values.null_count == 0:
+            return present, length, finite  # uint8 pixels: finite by construction
+        bad = values.is_null().to_numpy(zero_copy_only=False)
+    else:
+        bad = np.ones(len(values), dtype=bool)
+    if bad.any():
+        rows = pc.list_parent_indices(x).to_numpy(zero_copy_only=False)
+        finite[rows[bad]] = False
+    return present, length, finite
 
 
 def split_stats_frame(
@@ -518,9 +595,12 @@ def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
 def validate(dataset: str, cfg: ValidateConfig) -> str:
     """Validate the prepared file of `dataset`; write outputs on success, raise ValidationFailed otherwise."""
     src = prepared_path(dataset)
-    table = read_parquet(src)
+    names = read_parquet_schema(src).names
+    # Everything but x whole; x streamed and reduced to three numbers a row (module docstring).
+    table = read_parquet(src, columns=[c for c in names if c != "x"])
     meta = meta_params(read_metadata(src), src)
-    rows = rows_frame(table, meta["n_attrs"])
+    x = scan_x(iter_parquet_batches(src, ["x"], X_BATCH_BYTES)) if "x" in names else None
+    rows = rows_frame(table, meta["n_attrs"], x)
     frames = {
         "rows": rows,
         "split_stats": split_stats_frame(

@@ -8,12 +8,20 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from stages import validate as stage
 from stages.artifacts import data_docs_dir, prepared_path, prepared_schema, validated_path
 from stages.config import ValidateConfig
-from stages.io import numpy_to_fixed_list, write_parquet
+from stages.datasets.images import PIXEL_ENCODING
+from stages.io import (
+    iter_parquet_batches,
+    numpy_to_fixed_list,
+    read_parquet,
+    write_parquet,
+    write_parquet_stream,
+)
 
 DIM = 3
 PARAMS = "validate:\n  min_group_count: 3\n  rho_tolerance: 0.05\n  min_shift: 0.2\n"
@@ -228,3 +236,151 @@ def test_suite_bounds_come_from_metadata():
         0.85,
         0.95,
     )
+
+
+# ---- x is streamed, never held whole ---------------------------------------------------------------
+
+BATCH_ROWS = 5  # X_BATCH_BYTES below makes batches of this many rows of 3 uint8/float32 features
+
+
+def pixel_table(cols: dict[str, np.ndarray]) -> pa.Table:
+    """`cols` with x as uint8 pixels, the way stages/datasets/images.py stores images."""
+    pixels = (np.abs(cols["x"]) * 60).astype(np.uint8)
+    return pa.table(
+        {
+            "id": cols["id"],
+            "split": pa.array(cols["split"].tolist(), pa.string()),
+            "y": cols["y"],
+            "a": cols["a"],
+            "g": cols["g"],
+            "x": numpy_to_fixed_list(pixels, pa.uint8()),
+        }
+    )
+
+
+PIXEL_META = {
+    "kind": "test",
+    "n_classes": 2,
+    "n_attrs": 2,
+    "shape": [DIM],
+    "rho_train": 0.75,
+    "rho_ood": 0.25,
+    "x_dtype": "uint8",
+}
+
+
+def write_pixels_streamed(dataset: str, table: pa.Table, row_group_size: int) -> Path:
+    """Write like images.py: row groups of `row_group_size` rows, byte-stream-split pixels."""
+    schema = prepared_schema(DIM, "uint8")
+    with write_parquet_stream(
+        prepared_path(dataset), schema, row_group_size, column_encoding=PIXEL_ENCODING
+    ) as (stream, meta):
+        for start in range(0, table.num_rows, 11):  # arrives in blocks, as decoded images do
+            stream.write(table.slice(start, 11))
+        meta.update(PIXEL_META, dataset=dataset)
+    return prepared_path(dataset)
+
+
+def report_of(dataset: str) -> dict:
+    """The expectations and metadata of the last run's report, passing or failing."""
+    path = validated_path(dataset)
+    failed = path.with_suffix(".failed.json")
+    report = json.loads((failed if failed.exists() else path).read_text())
+    return {"expectations": report["expectations"], "metadata": report["metadata"]}
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["valid", "duplicate-id-across-row-groups"])
+def test_multi_row_group_uint8_file_validates_like_one_row_group(workdir, monkeypatch, broken):
+    monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
+    cols = make_columns()
+    if broken:
+        cols["id"][70] = cols["id"][2]  # far apart: different row groups and batches
+    table = pixel_table(cols)
+    one = write_parquet(
+        table,
+        prepared_path("pix1"),
+        prepared_schema(DIM, "uint8"),
+        {**PIXEL_META, "dataset": "pix1"},
+    )
+    many = write_pixels_streamed("pixn", table, row_group_size=7)
+    n_groups = -(-table.num_rows // 7)
+    assert pq.ParquetFile(one).num_row_groups == 1
+    assert pq.ParquetFile(many).num_row_groups == n_groups
+    code = 2 if broken else 0
+    assert stage.main(["pix1"]) == code
+    assert stage.main(["pixn"]) == code
+    one_report, many_report = report_of("pix1"), report_of("pixn")
+    assert many_report == one_report
+    by_name = {e["name"]: e for e in many_report["expectations"]}
+    assert by_name["x_len"]["success"] and by_name["x_len"]["element_count"] == table.num_rows
+    assert by_name["id_unique"]["success"] is not broken
+    if broken:
+        assert by_name["id_unique"]["unexpected_rows"] == [2, 70]
+
+
+def test_x_is_streamed_in_bounded_batches_never_read_whole(workdir, monkeypatch):
+    monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
+    table = pixel_table(make_columns())
+    write_pixels_streamed("pixspy", table, row_group_size=16)
+    whole_reads, batches, frames = [], [], {}
+
+    def spy_read(path, schema=None, columns=None):
+        whole_reads.append(columns)
+        return read_parquet(path, schema, columns)
+
+    def spy_batches(path, columns, max_bytes):
+        for batch in iter_parquet_batches(path, columns, max_bytes):
+            batches.append((batch.schema.names, batch.num_rows))
+            yield batch
+
+    def spy_suite(f, checks, dataset, docs_out):
+        frames.update(f)
+        return run_suite(f, checks, dataset, docs_out)
+
+    run_suite = stage.run_suite
+    monkeypatch.setattr(stage, "read_parquet", spy_read)
+    monkeypatch.setattr(stage, "iter_parquet_batches", spy_batches)
+    monkeypatch.setattr(stage, "run_suite", spy_suite)
+    assert stage.main(["pixspy"]) == 0
+    # the whole-file read leaves x out; x comes only in batches of at most BATCH_ROWS rows
+    assert whole_reads == [["id", "split", "y", "a", "g"]]
+    assert all(names == ["x"] for names, _ in batches)
+    assert max(n for _, n in batches) == BATCH_ROWS
+    assert sum(n for _, n in batches) == table.num_rows
+    # the frame GX sees holds one flag per row for x, not the features
+    x = frames["rows"]["x"]
+    assert len(x) == table.num_rows and all(v is True for v in x)
+    assert (frames["rows"]["x_len"] == DIM).all()
+
+
+def test_corrupt_x_is_reported_row_wise_across_batches(workdir, monkeypatch, capsys):
+    """Variable-length, null and non-finite rows of x far past the first batch name their rows."""
+    monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
+    cols = make_columns()
+    n = len(cols["id"])
+    rows: list = [list(map(float, r)) for r in cols["x"]]
+    rows[12] = None
+    rows[23] = rows[23][:2]
+    rows[31][1] = float("inf")
+    table = pa.table(
+        {
+            "id": cols["id"],
+            "split": pa.array(cols["split"].tolist(), pa.string()),
+            "y": cols["y"],
+            "a": cols["a"],
+            "g": cols["g"],
+            "x": pa.array(rows, pa.list_(pa.float32())),
+        }
+    )
+    meta = {**PIXEL_META, "x_dtype": "float32", "dataset": "corrupt"}
+    write_parquet(table, prepared_path("corrupt"), table.schema, meta)
+    assert stage.main(["corrupt"]) == 2
+    err = capsys.readouterr().err
+    by_name = {e["name"]: e for e in report_of("corrupt")["expectations"] if not e["success"]}
+    assert sorted(by_name) == ["not_null[x]", "x_finite", "x_len"], err
+    assert by_name["not_null[x]"]["unexpected_rows"] == [12]
+    assert by_name["x_len"]["unexpected_rows"] == [23]
+    assert by_name["x_len"]["unexpected_examples"] == [2]
+    assert by_name["x_finite"]["unexpected_rows"] == [31]
+    assert by_name["x_len"]["element_count"] == n
+    assert "x_len" in err and "rows [23]" in err
