@@ -76,11 +76,16 @@ def decode_chunk(job: tuple[str, list[str], int]) -> tuple[np.ndarray, list[str]
 
 
 def ordered_map(fn: Callable[[T], R], jobs: Iterable[T], workers: int, window: int | None = None) -> Iterator[R]:
-    """`map(fn, jobs)` over `workers` processes, results in order, at most `window` jobs in flight."""
+    """`map(fn, jobs)` over `workers` processes, results in order, at most `window` jobs in flight.
+
+    The default window (8 jobs per worker) keeps the workers busy while the caller is away
+    writing a row group: with 2 per worker they ran dry and 2 workers decoded 1.47x as fast as
+    one process instead of 1.6x (benchmarks/bench_prepare.py).
+    """
     if workers <= 1:
         yield from map(fn, jobs)
         return
-    window = window or 2 * workers
+    window = window or 8 * workers
     it = iter(jobs)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         pending = deque(pool.submit(fn, job) for job in islice(it, window))
