@@ -101,13 +101,25 @@ def fault_point(event: str, value: object) -> None:
             os.kill(os.getpid(), _FAULT_SIGNALS[action])
 
 
+def _file_mode() -> int:
+    """The mode `open()` gives a new file under the process umask (mkstemp's 0600 is for secrets)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds."""
+    """Yield a temp path beside `path`; rename it over `path` only if the block succeeds.
+
+    The file gets the permissions an ordinary write would (0644 under the usual umask), so
+    outputs stay readable by the rest of a team sharing the workspace or DVC cache.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, _file_mode())
     os.close(fd)
     tmp_path = Path(tmp)
     try:

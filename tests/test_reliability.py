@@ -142,6 +142,23 @@ def test_temps_of_dead_writers_are_swept_and_those_of_live_ones_kept(tmp_path):
     assert sweep_stale_temps(tmp_path / "u.parquet") == [other]
 
 
+def test_atomic_outputs_get_ordinary_file_permissions(tmp_path):
+    """A temp file from mkstemp is 0600; the renamed output must be what a plain write gives."""
+    from stages.io import write_json
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    table = pa.table({"v": pa.array([1], pa.int64())})
+    for out in (write_parquet(table, tmp_path / "t.parquet", table.schema), write_json({"a": 1}, tmp_path / "t.json")):
+        assert Path(out).stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    old = os.umask(0o077)
+    try:
+        private = write_json({"a": 1}, tmp_path / "private.json")
+    finally:
+        os.umask(old)
+    assert Path(private).stat().st_mode & 0o777 == 0o600  # the user's umask still rules
+
+
 def test_dvc_ignores_temp_files_of_interrupted_writes():
     patterns = (REPO / ".dvcignore").read_text().splitlines()
     assert ".*.tmp" in patterns and ".*.old-*" in patterns and "/scratch/" in patterns
