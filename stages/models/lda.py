@@ -30,19 +30,28 @@ from stages.models.generative import logsumexp_np
 from stages.models.nets import batched_logits
 
 
-class LDAClassifier(nn.Module):
-    """Class means, shared covariance and log priors as float64 buffers."""
+class _GaussianClassifier(nn.Module):
+    """What LDA and QDA share: class means, log priors and the Cholesky factor(s) of the
+    covariance buffer `COVARIANCE` as float64, the architecture, and scoring in batches.
 
-    kind = "lda"
+    A subclass sets `kind`, `COVARIANCE` and its initial value, and defines `forward`
+    (log p(x, y), float64) and `cost_per_example`.
+    """
+
+    kind: str
+    COVARIANCE: str
 
     def __init__(self, in_dim: int, n_classes: int) -> None:
         super().__init__()
         self.in_dim = int(in_dim)
         self.n_classes = int(n_classes)
         self.register_buffer("means", torch.zeros(self.n_classes, self.in_dim, dtype=torch.float64))
-        self.register_buffer("covariance", torch.eye(self.in_dim, dtype=torch.float64))
+        self.register_buffer(self.COVARIANCE, self._initial_covariance())
         self.register_buffer("log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64))
         self._chol: torch.Tensor | None = None
+
+    def _initial_covariance(self) -> torch.Tensor:
+        raise NotImplementedError
 
     def arch(self) -> dict:
         """The architecture arguments `load_model` rebuilds this model from."""
@@ -52,17 +61,48 @@ class LDAClassifier(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self._chol = None  # the covariance changed
 
+    def _not_positive_definite(self, info: torch.Tensor) -> str | None:
+        """The error message when `cholesky_ex` reported a failure in `info`, else None."""
+        raise NotImplementedError
+
     def cholesky(self) -> torch.Tensor:
-        """Lower Cholesky factor of the covariance; ValueError if it is not positive definite."""
+        """Lower Cholesky factor(s) of the covariance buffer; ValueError if one is not positive definite."""
         if self._chol is None:
-            chol, info = torch.linalg.cholesky_ex(self.covariance)
-            if int(info) != 0:
-                raise ValueError(
-                    "LDA covariance is not positive definite (constant or collinear features?); "
-                    "use shrinkage > 0"
-                )
+            chol, info = torch.linalg.cholesky_ex(getattr(self, self.COVARIANCE))
+            message = self._not_positive_definite(info)
+            if message:
+                raise ValueError(message)
             self._chol = chol
         return self._chol
+
+    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+        """log p(x, y) (float32, (n, n_classes)); softmax gives p(y | x)."""
+        self.cholesky()  # fail before any batch if the covariance is unusable
+        return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
+
+    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
+        """log p(x) = log Σ_y p(x, y) per example (float64, (n,))."""
+        self.cholesky()
+        with torch.no_grad():
+            return logsumexp_np(self(torch.tensor(np.asarray(x, dtype=np.float64))).numpy())
+
+    def _params(self) -> int:
+        return int(sum(t.numel() for t in self.state_dict().values()))
+
+
+class LDAClassifier(_GaussianClassifier):
+    """Class means, one shared covariance and log priors as float64 buffers."""
+
+    kind = "lda"
+    COVARIANCE = "covariance"
+
+    def _initial_covariance(self) -> torch.Tensor:
+        return torch.eye(self.in_dim, dtype=torch.float64)
+
+    def _not_positive_definite(self, info: torch.Tensor) -> str | None:
+        if int(info) == 0:
+            return None
+        return "LDA covariance is not positive definite (constant or collinear features?); use shrinkage > 0"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x, y) for every class, float64, shape (n, n_classes)."""
@@ -80,19 +120,7 @@ class LDAClassifier(nn.Module):
         the triangular whitening solve L⁻¹x (d(d+1)/2) and the squared distance to every
         whitened class mean (K·d). The whitened means are per batch, not per example."""
         d, k = self.in_dim, self.n_classes
-        params = sum(t.numel() for t in self.state_dict().values())
-        return {"params": int(params), "macs": d * (d + 1) // 2 + k * d, "forward_passes": 1}
-
-    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
-        """log p(x, y) (float32, (n, n_classes)); softmax gives p(y | x)."""
-        self.cholesky()  # fail before any batch if the covariance is unusable
-        return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
-
-    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
-        """log p(x) = log Σ_y p(x, y) per example (float64, (n,))."""
-        self.cholesky()
-        with torch.no_grad():
-            return logsumexp_np(self(torch.tensor(np.asarray(x, dtype=np.float64))).numpy())
+        return {"params": self._params(), "macs": d * (d + 1) // 2 + k * d, "forward_passes": 1}
 
 
 def _class_counts(yt: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -123,12 +151,7 @@ def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> L
     xt = torch.tensor(np.asarray(x, dtype=np.float64))
     yt = torch.tensor(np.asarray(y, dtype=np.int64))
     n, d = xt.shape
-    counts = torch.bincount(yt, minlength=n_classes)
-    if len(counts) > n_classes:
-        raise ValueError(f"labels go up to {int(yt.max())} but n_classes is {n_classes}")
-    missing = [k for k in range(n_classes) if counts[k] == 0]
-    if missing:
-        raise ValueError(f"class(es) {missing} have no training examples")
+    counts = _class_counts(yt, n_classes)
     if n - n_classes < 1:
         raise ValueError(f"need more examples ({n}) than classes ({n_classes})")
     onehot = torch.nn.functional.one_hot(yt, n_classes).double()  # (n, K)
@@ -146,41 +169,23 @@ def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> L
     return model.eval()
 
 
-class QDAClassifier(nn.Module):
+class QDAClassifier(_GaussianClassifier):
     """Class means, per-class covariances and log priors as float64 buffers."""
 
     kind = "qda"
+    COVARIANCE = "covariances"
 
-    def __init__(self, in_dim: int, n_classes: int) -> None:
-        super().__init__()
-        self.in_dim = int(in_dim)
-        self.n_classes = int(n_classes)
-        self.register_buffer("means", torch.zeros(self.n_classes, self.in_dim, dtype=torch.float64))
-        eye = torch.eye(self.in_dim, dtype=torch.float64)
-        self.register_buffer("covariances", eye.repeat(self.n_classes, 1, 1))
-        self.register_buffer("log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64))
-        self._chol: torch.Tensor | None = None
+    def _initial_covariance(self) -> torch.Tensor:
+        return torch.eye(self.in_dim, dtype=torch.float64).repeat(self.n_classes, 1, 1)
 
-    def arch(self) -> dict:
-        """The architecture arguments `load_model` rebuilds this model from."""
-        return {"kind": self.kind, "in_dim": self.in_dim, "n_classes": self.n_classes}
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super()._load_from_state_dict(*args, **kwargs)
-        self._chol = None
-
-    def cholesky(self) -> torch.Tensor:
-        """Lower Cholesky factors (K, d, d); ValueError naming the class if one is not positive definite."""
-        if self._chol is None:
-            chol, info = torch.linalg.cholesky_ex(self.covariances)
-            bad = [k for k in range(self.n_classes) if int(info[k]) != 0]
-            if bad:
-                raise ValueError(
-                    f"QDA covariance of class(es) {bad} is not positive definite (constant or collinear "
-                    "features, or fewer examples than features?); use shrinkage > 0"
-                )
-            self._chol = chol
-        return self._chol
+    def _not_positive_definite(self, info: torch.Tensor) -> str | None:
+        bad = [k for k in range(self.n_classes) if int(info[k]) != 0]
+        if not bad:
+            return None
+        return (
+            f"QDA covariance of class(es) {bad} is not positive definite (constant or collinear "
+            "features, or fewer examples than features?); use shrinkage > 0"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x, y) for every class, float64, shape (n, n_classes)."""
@@ -195,19 +200,7 @@ class QDAClassifier(nn.Module):
         """params: numbers in the state_dict; macs per example as `forward` computes it: one
         triangular solve L_y⁻¹(x − μ_y) (d(d+1)/2) and squared norm (d) per class."""
         d, k = self.in_dim, self.n_classes
-        params = sum(t.numel() for t in self.state_dict().values())
-        return {"params": int(params), "macs": k * (d * (d + 1) // 2 + d), "forward_passes": 1}
-
-    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
-        """log p(x, y) (float32, (n, n_classes)); softmax gives p(y | x)."""
-        self.cholesky()
-        return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
-
-    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
-        """log p(x) = log Σ_y p(x, y) per example (float64, (n,))."""
-        self.cholesky()
-        with torch.no_grad():
-            return logsumexp_np(self(torch.tensor(np.asarray(x, dtype=np.float64))).numpy())
+        return {"params": self._params(), "macs": k * (d * (d + 1) // 2 + d), "forward_passes": 1}
 
 
 def fit_qda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> QDAClassifier:
