@@ -59,6 +59,8 @@ from stages.io import (
     read_metadata,
     read_parquet,
     read_parquet_schema,
+    sweep_stale_temps,
+    temp_prefix,
     write_json,
 )
 
@@ -614,7 +616,10 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
         validated_path(dataset).with_suffix(".failed.json"),
     )
     docs.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{docs.name}.", suffix=".tmp", dir=docs.parent))
+    # Staged beside the docs under the pid-tagged temp name stages/io.py uses, so a folder left
+    # by a killed run is swept here (and ignored by DVC: .dvcignore has `.*.tmp`).
+    sweep_stale_temps(docs)
+    staging = Path(tempfile.mkdtemp(prefix=temp_prefix(docs), suffix=".tmp", dir=docs.parent))
     try:
         records = run_suite(frames, checks, dataset, staging / "site")
         n_failed = sum(not r["success"] for r in records)
