@@ -6,7 +6,8 @@ Reads data/prepared/<dataset>.parquet and the section `method.<method>` of param
 (its `kind` picks the family). erm, groupdro, reweight, jtt and probe train an MLP with the
 shared minibatch loop and keep the epoch chosen by `selection`; lda and qda are fitted in
 closed form on the train split; diffusion and autoregressive (generative classifiers) train
-with `stages.models.generative.fit_generative` and the same selection criteria; text_erm (a
+with `stages.models.generative.fit_generative` (the same loop, `training.fit_loop`, with the
+model's own likelihood loss) and the same selection criteria; text_erm (a
 bag-of-embeddings classifier over the `text` column's word tokens, stages/models/text.py) trains
 with the shared loop like erm and needs a text dataset; dfr fits a linear head on the pretrained embeddings of val only. With
 `init: pretrained` the encoder (architecture and weights, including its input
@@ -18,8 +19,10 @@ change the weights; tests/test_robust.py poisons every other split and checks th
 not move), `selections` (the epoch and metrics each criterion val_avg / val_worst_group /
 oracle would pick; only `selection` chose the weights) and, via `save_model`, `inference_cost`.
 
-erm, groupdro and text_erm write a checkpoint to scratch/checkpoints/train@<dataset>-<method>-<seed>/
-every `train.checkpoint_every` epochs and when stopped by SIGINT/SIGTERM; running the same
+Every method trained by epochs (erm, groupdro, reweight, jtt, probe, text_erm, diffusion and
+autoregressive; not jtt's short identification run) writes a checkpoint to
+scratch/checkpoints/train@<dataset>-<method>-<seed>/ every `train.checkpoint_every` epochs
+and when stopped by SIGINT/SIGTERM; running the same
 command again resumes from it (byte-identical result) unless `train.resume=false`. The
 checkpoint is deleted once the model folder is written (see stages/checkpoint.py).
 """
@@ -108,20 +111,23 @@ def train_lda(
     return model, metrics, history_table(history_rows(0, metrics))
 
 
-def train_generative(prepared: Prepared, cfg: DiffusionConfig | AutoregressiveConfig, method: str, seed: int) -> tuple[Any, FitResult]:
+def train_generative(
+    prepared: Prepared, cfg: DiffusionConfig | AutoregressiveConfig, method: str, seed: int,
+    checkpoint: Checkpointer | None = None,
+) -> tuple[Any, FitResult]:
     """Train a diffusion or autoregressive classifier (stages/models/diffusion.py, autoregressive.py).
 
     A config that does not fit the data (e.g. pruning more classes than it has) is a
-    ConfigError naming the key, raised before any training.
+    ConfigError naming the key, raised before any training. With `checkpoint`, resumable as erm.
     """
     if isinstance(cfg, DiffusionConfig):
         from stages.models.diffusion import train_diffusion
 
         cfg.check_data(f"method.{method}", prepared.n_classes)
-        return train_diffusion(prepared, cfg, seed, desc=f"train {method}")
+        return train_diffusion(prepared, cfg, seed, desc=f"train {method}", checkpoint=checkpoint)
     from stages.models.autoregressive import train_autoregressive
 
-    return train_autoregressive(prepared, cfg, seed, desc=f"train {method}")
+    return train_autoregressive(prepared, cfg, seed, desc=f"train {method}", checkpoint=checkpoint)
 
 
 def pretrained_encoder(dataset: str):
@@ -314,14 +320,17 @@ def train_settings(params: DictConfig) -> TrainConfig:
     return TrainConfig() if OmegaConf.select(params, "train") is None else section(params, "train", TrainConfig)
 
 
-def checkpointer(dataset: str, method: str, seed: int, cfg: ErmConfig | TextErmConfig, settings: TrainConfig) -> Checkpointer:
+def checkpointer(
+    dataset: str, method: str, seed: int, cfg: ErmConfig | TextErmConfig | DiffusionConfig | AutoregressiveConfig,
+    settings: TrainConfig,
+) -> Checkpointer:
     """The Checkpointer of stage train@<dataset>-<method>-<seed>, fingerprinted by config, inputs and code."""
     from stages.artifacts import prepared_path, pretrained_dir
     from stages.checkpoint import Checkpointer, fingerprint
     from stages.models import ENCODER
 
     here = Path(__file__).resolve().parent
-    pretrained = getattr(cfg, "init", "scratch") == "pretrained"  # text_erm has no init
+    pretrained = getattr(cfg, "init", "scratch") == "pretrained"  # text_erm and the generative models have no init
     inputs = [prepared_path(dataset)] + ([pretrained_dir(dataset) / ENCODER] if pretrained else [])
     code = [here / "train.py", here / "models", here / "checkpoint.py", here / "runtime.py"]
     config = {"dataset": dataset, "method": method, "seed": seed, "config": dataclasses.asdict(cfg)}
@@ -361,11 +370,13 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         save_model(out, model, record, history)
         how = f"C={summary['c']:g} selected by {cfg.selection} on {summary['tuned_on']}"
     elif isinstance(cfg, (DiffusionConfig, AutoregressiveConfig)):
-        model, result = train_generative(prepared, cfg, method, seed_i)
+        ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
+        model, result = train_generative(prepared, cfg, method, seed_i, checkpoint=ckpt)
         metrics = result.selected_metrics
         record.update(architecture=model.arch(), selection=cfg.selection, selected_epoch=result.selected_epoch, metrics=metrics)
         record.update(selections=selection_summary(result.history))
         save_model(out, model, record, result.history)
+        ckpt.clear()  # the model folder is written: nothing left to resume
         how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
     elif isinstance(cfg, TextErmConfig):
         # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.

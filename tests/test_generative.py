@@ -81,6 +81,34 @@ def test_diffusion_conv_denoiser_learns_images():
     assert accuracy(model.logits(prepared.x), prepared, "test_id") > 0.8
 
 
+def test_conv_diffusion_stopped_mid_training_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
+    """SIGTERM after epoch 2 (unscored: eval_every=3) writes a checkpoint of channels-last conv
+    weights, their AdamW state and the generator the loss draws t, ε and class dropout from;
+    the re-run resumes from it and ends with the weights and history of a run never stopped."""
+    from stages.checkpoint import Checkpointer
+    from stages.io import StageInterrupted
+
+    monkeypatch.chdir(tmp_path)
+    prepared = blobs(n_classes=2, n=100, dim=12, sep=4.0, seed=2)
+    prepared.meta["shape"] = [3, 2, 2]
+    cfg = diffusion_cfg(epochs=4, eval_every=3, channels=4, steps=20, draws=4, select_draws=2, class_dropout=0.2)
+    whole, full = train_diffusion(prepared, cfg, seed=0)
+    ckpt = Checkpointer("train@blobs-diffusion-0", {"config": "c", "inputs": "i", "code": "k"}, every=0)
+    monkeypatch.setenv("SHIFTLAB_FAULT", "term_after_epoch:2")
+    with pytest.raises(StageInterrupted, match="stopped by SIGTERM after epoch 2/4"):
+        train_diffusion(prepared, cfg, seed=0, checkpoint=ckpt)
+    assert [p.name for p in ckpt.files()] == ["epoch-000002.safetensors"]
+
+    monkeypatch.delenv("SHIFTLAB_FAULT")
+    capsys.readouterr()
+    resumed, result = train_diffusion(prepared, cfg, seed=0, checkpoint=ckpt)
+    assert "resuming from scratch/checkpoints/train@blobs-diffusion-0/epoch-000002.safetensors (epoch 2)" in capsys.readouterr().err
+    assert resumed.denoiser_kind == "conv" and result.selected_epoch == full.selected_epoch
+    assert result.history.equals(full.history) and [r["epoch"] for r in full.history.to_pylist()][::4] == [3, 4]
+    expected = whole.state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in resumed.state_dict().items())
+
+
 def test_autoregressive_learns_and_scores_all_classes_in_one_model():
     prepared = blobs(n_classes=2, n=300, dim=6, seed=3)
     cfg = types.SimpleNamespace(bins=8, bin_edges="quantile", d_model=16, layers=1, heads=2, ff=32, lr=1e-2,

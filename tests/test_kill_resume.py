@@ -37,8 +37,17 @@ SIZES = {"train": 200, "val": 100, "test_id": 100, "test_ood": 100}
 EPOCHS = 4
 
 
+# Tiny configs. The generative ones score at epochs 3 and 4 only (eval_every=3), so the
+# checkpoints of epochs 1-2 that the tests resume from have no best-so-far and a short history.
+TINY = {
+    "diffusion": ["eval_every=3", "width=16", "steps=20", "draws=4", "select_draws=2", "batch_size=32"],
+    "autoregressive": ["eval_every=3", "bins=8", "d_model=16", "ff=32", "batch_size=32"],
+}
+
+
 def fast(method: str) -> list[str]:
-    return [f"method.{method}.epochs={EPOCHS}", f"method.{method}.hidden=[8]", f"method.{method}.lr=0.02"]
+    tiny = TINY.get(method, ["hidden=[8]", "lr=0.02"])
+    return [f"method.{method}.epochs={EPOCHS}", *(f"method.{method}.{kv}" for kv in tiny)]
 
 
 def ckpt_dir(method: str) -> Path:
@@ -89,14 +98,14 @@ def workspace(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, dict[str, bytes]]:
-    """Model folders of uninterrupted erm/groupdro runs and the prepared file, made in their own folder."""
+    """Model folders of uninterrupted runs of every resumable kind and erm's evaluation, made in their own folder."""
     root = tmp_path_factory.mktemp("reference")
     cwd = os.getcwd()
     os.chdir(root)
     try:
         workspace(root)
         out: dict[str, dict[str, bytes]] = {}
-        for method in ("erm", "groupdro"):
+        for method in ("erm", "groupdro", "diffusion", "autoregressive"):
             assert train.main([DS, method, "0", *fast(method)]) == 0
             assert not ckpt_dir(method).exists(), "a successful stage deletes its checkpoints"
             out[method] = folder_bytes(model_dir(DS, method, 0))
@@ -115,7 +124,7 @@ def work(tmp_path, monkeypatch) -> Path:
     return workspace(tmp_path)
 
 
-@pytest.mark.parametrize("method", ["erm", "groupdro"])
+@pytest.mark.parametrize("method", ["erm", "groupdro", "diffusion", "autoregressive"])
 def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference, method, capsys):
     killed = run_stage("train", DS, method, "0", *fast(method), fault="kill_after_epoch:2")
     assert killed.returncode == -signal.SIGKILL
@@ -130,20 +139,22 @@ def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference,
     assert not ckpt_dir(method).exists()
 
 
-@pytest.mark.parametrize(("fault", "sig"), [("interrupt", signal.SIGINT), ("term", signal.SIGTERM)])
-def test_sigint_sigterm_write_a_checkpoint_and_exit_nonzero_saying_how_to_resume(work, reference, fault, sig, capsys):
+@pytest.mark.parametrize(("method", "fault", "sig"), [("erm", "interrupt", signal.SIGINT), ("erm", "term", signal.SIGTERM),
+                                                     ("diffusion", "term", signal.SIGTERM)])
+def test_sigint_sigterm_write_a_checkpoint_and_exit_nonzero_saying_how_to_resume(work, reference, method, fault, sig, capsys):
     # checkpoint_every=0: the only checkpoint is the one the stop request writes.
-    stopped = run_stage("train", DS, "erm", "0", *fast("erm"), "train.checkpoint_every=0", fault=f"{fault}_after_epoch:2")
+    stopped = run_stage("train", DS, method, "0", *fast(method), "train.checkpoint_every=0", fault=f"{fault}_after_epoch:2")
     assert stopped.returncode == 128 + sig
     last = stopped.stderr.strip().splitlines()[-1]
     assert last.startswith(f"train: stopped by {sig.name} after epoch 2/{EPOCHS}; checkpoint ")
     assert "run the same command (or `dvc repro`) again to resume" in last
-    assert [p.name for p in ckpt_dir("erm").iterdir()] == ["epoch-000002.safetensors"]
-    assert not model_dir(DS, "erm", 0).exists()
+    assert [p.name for p in ckpt_dir(method).iterdir()] == ["epoch-000002.safetensors"]
+    assert not model_dir(DS, method, 0).exists()
 
-    assert train.main([DS, "erm", "0", *fast("erm"), "train.checkpoint_every=0"]) == 0
+    assert train.main([DS, method, "0", *fast(method), "train.checkpoint_every=0"]) == 0
     assert "resuming from" in capsys.readouterr().err
-    assert folder_bytes(model_dir(DS, "erm", 0)) == reference["erm"]
+    assert folder_bytes(model_dir(DS, method, 0)) == reference[method]
+    assert not ckpt_dir(method).exists()
 
 
 def test_truncated_checkpoint_is_reported_in_one_line_and_the_previous_one_used(work, reference, capsys):

@@ -296,10 +296,13 @@ def uses_text(prepared: Any, cfg: Any) -> bool:
     return choice == "text" or (choice == "auto" and has_text)
 
 
-def train_autoregressive(prepared: Any, cfg: Any, seed: int, desc: str = "train autoregressive") -> tuple[AutoregressiveClassifier, Any]:
+def train_autoregressive(
+    prepared: Any, cfg: Any, seed: int, desc: str = "train autoregressive", checkpoint: Any = None
+) -> tuple[AutoregressiveClassifier, Any]:
     """Fit an AutoregressiveClassifier (AutoregressiveConfig `cfg`) on the train split's
     quantised features, or on the UTF-8 bytes of its `text` column (`uses_text`; truncated to
-    `cfg.max_len` tokens); select by `cfg.selection`. Returns (model with the selected weights, FitResult)."""
+    `cfg.max_len` tokens); select by `cfg.selection`. Returns (model with the selected weights, FitResult).
+    With `checkpoint` (a `stages.checkpoint.Checkpointer`) training resumes byte-identically."""
     from stages.models.generative import GenerativeFitOptions, fit_generative
     from stages.models.training import SplitData, split_data
     from stages.runtime import setup_torch
@@ -324,6 +327,7 @@ def train_autoregressive(prepared: Any, cfg: Any, seed: int, desc: str = "train 
     def scorer(x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(model.joint(x))
 
-    result = fit_generative(model, splits, model.loss, scorer, GenerativeFitOptions.from_config(cfg), generator, desc)
+    opts = GenerativeFitOptions.from_config(cfg)
+    result = fit_generative(model, splits, model.loss, scorer, opts, generator, desc, checkpoint=checkpoint)
     model.load_state_dict(result.state_dict)
     return model.eval(), result

@@ -421,11 +421,16 @@ class DiffusionClassifier(nn.Module):
         return self._cached(x)[1].copy()
 
 
-def train_diffusion(prepared: Any, cfg: Any, seed: int, desc: str = "train diffusion") -> tuple[DiffusionClassifier, Any]:
+def train_diffusion(
+    prepared: Any, cfg: Any, seed: int, desc: str = "train diffusion", checkpoint: Any = None
+) -> tuple[DiffusionClassifier, Any]:
     """Fit a DiffusionClassifier (DiffusionConfig `cfg`) on the train split; select by `cfg.selection`.
 
     Returns (model holding the selected weights, training.FitResult). Raises ValueError for
-    a config that does not fit the data (e.g. `prune_keep` >= n_classes).
+    a config that does not fit the data (e.g. `prune_keep` >= n_classes). With `checkpoint`
+    (a `stages.checkpoint.Checkpointer`) training resumes byte-identically: the loss draws
+    t, ε and the class dropout from the loop's generator, which the checkpoint carries, and
+    selection scoring seeds its own generator from `score_seed` on every call.
     """
     from stages.models.generative import GenerativeFitOptions, fit_generative
     from stages.models.training import split_data
@@ -451,6 +456,7 @@ def train_diffusion(prepared: Any, cfg: Any, seed: int, desc: str = "train diffu
     def scorer(x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(model.score(x, draws=cfg.select_draws)[0])
 
-    result = fit_generative(model, splits, batch_loss, scorer, GenerativeFitOptions.from_config(cfg), generator, desc)
+    opts = GenerativeFitOptions.from_config(cfg)
+    result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint)
     model.load_state_dict(result.state_dict)
     return model.eval(), result

@@ -1,54 +1,40 @@
-"""What the trained generative classifiers (diffusion, autoregressive) share: the epoch loop
-with checkpoint selection, and class priors.
+"""What the trained generative classifiers (diffusion, autoregressive) share: their entry to
+the training loop, and class priors.
 
 A generative model is trained by maximum likelihood of x given its label — its training
-loss never scores the other classes — so it cannot use `training.fit_classifier`, whose
-step is `loss(model(x), batch)` on class logits. `fit_generative` runs the same
-`training.run_epoch` over the train split with the model's own per-batch loss and applies
-the same named selection criteria (`training.SELECTION_METRIC`: val_avg, val_worst_group,
-oracle; ties to the earlier epoch). Classifying is far dearer than a training step (every
-class, and for diffusion many noise draws), so the splits are scored every `eval_every`
-epochs and at the last epoch (with the model's cheaper selection-time scorer), not after
-every epoch; history has rows only for the scored epochs.
+loss never scores the other classes — so its step is the model's own per-batch loss, not
+`loss(model(x), batch)` on class logits as in `training.fit_classifier`. `fit_generative`
+runs that step through the one loop `training.fit_loop` (same `run_epoch`, the same named
+selection criteria `training.SELECTION_METRIC`: val_avg, val_worst_group, oracle; ties to
+the earlier epoch; the same checkpoint/resume). Classifying is far dearer than a training
+step (every class, and for diffusion many noise draws), so the splits are scored every
+`eval_every` epochs and at the last epoch (with the model's cheaper selection-time scorer),
+not after every epoch; history has rows only for the scored epochs.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from stages.io import ArtifactError
-from stages.models.training import (
-    SELECTION_METRIC,
-    Batch,
-    FitResult,
-    SplitData,
-    history_rows,
-    history_table,
-    run_epoch,
-    split_metrics,
-)
-from stages.runtime import progress
+from stages.models.training import Batch, FitOptions, FitResult, SplitData, fit_loop, split_metrics
+
+if TYPE_CHECKING:
+    from stages.checkpoint import Checkpointer
 
 Scorer = Callable[[torch.Tensor], torch.Tensor]
 """Class scores (n, n_classes) of a batch of raw inputs, used only for selection."""
 
 
 @dataclass
-class GenerativeFitOptions:
-    """Optimisation and selection settings of a generative model's training run."""
+class GenerativeFitOptions(FitOptions):
+    """`training.FitOptions` plus how often (in epochs) the splits are scored for selection."""
 
-    lr: float
-    epochs: int
-    batch_size: int
-    selection: str = "val_avg"
-    weight_decay: float = 0.0
     eval_every: int = 5
 
     @classmethod
@@ -65,34 +51,26 @@ def fit_generative(
     opts: GenerativeFitOptions,
     generator: torch.Generator,
     desc: str = "train",
+    checkpoint: Checkpointer | None = None,
 ) -> FitResult:
-    """Train `model` with `batch_loss` on splits["train"]; every `eval_every` epochs (and at the
-    last) score every split with `scorer` and keep the best checkpoint by `opts.selection`.
+    """Train `model` with `batch_loss` on splits["train"] (x and y); every `eval_every` epochs
+    (and at the last) score every split with `scorer` and keep the best by `opts.selection`.
 
-    `model` is left holding its last-epoch weights; the selected ones are in the result.
+    `model` is left holding its last-epoch weights, in eval mode; the selected ones are in
+    the result. With `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is
+    `training.fit_loop`); `batch_loss` may draw from `generator` (diffusion's t and ε), whose
+    state the checkpoint carries.
     """
-    split_name, metric = SELECTION_METRIC[opts.selection]
-    if split_name not in splits:
-        raise ArtifactError(f"selection '{opts.selection}' needs split '{split_name}', which has no rows")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-    train = {"x": splits["train"].x, "y": splits["train"].y}
-    rows: list[dict[str, Any]] = []
-    best: tuple[float, int, dict[str, torch.Tensor], dict[str, dict[str, float]]] | None = None
-    for epoch in progress(range(1, opts.epochs + 1), desc=desc, total=opts.epochs, unit="epoch"):
-        model.train()
-        run_epoch(train, batch_loss, optimizer, opts.batch_size, generator)
-        if epoch % opts.eval_every and epoch != opts.epochs:
-            continue
+    @torch.no_grad()
+    def evaluate() -> dict[str, dict[str, float]]:
         model.eval()
-        with torch.no_grad():
-            metrics = {name: split_metrics(scorer(s.x), s.y, s.g) for name, s in splits.items()}
-        rows += history_rows(epoch, metrics)
-        score = metrics[split_name][metric]
-        if best is None or score > best[0]:
-            best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
-    assert best is not None  # the last epoch is always scored
+        return {name: split_metrics(scorer(s.x), s.y, s.g) for name, s in splits.items()}
+
+    train = {"x": splits["train"].x, "y": splits["train"].y}
+    result = fit_loop(model, splits, train, batch_loss, evaluate, opts, generator, desc=desc, checkpoint=checkpoint,
+                      eval_every=opts.eval_every)
     model.eval()
-    return FitResult(state_dict=best[2], selected_epoch=best[1], selected_metrics=best[3], history=history_table(rows))
+    return result
 
 
 def log_priors(y: np.ndarray | torch.Tensor, n_classes: int) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """The one minibatch training loop, its losses, per-epoch evaluation and checkpoint selection.
 
-erm, groupdro and distill call `fit_classifier` with different loss callables; pretrain's
-denoising autoencoder calls the inner `run_epoch` with its own reconstruction loss.
+`fit_loop` is the only epoch / selection / checkpoint loop: erm, groupdro, reweight, jtt,
+probe, text_erm and distill reach it through `fit_classifier` (a loss on class logits),
+diffusion and autoregressive through `generative.fit_generative` (the model's own
+likelihood loss, scored every `eval_every` epochs); pretrain's denoising autoencoder calls
+the inner `run_epoch` with its own reconstruction loss.
 
 History (`artifacts.HISTORY_SCHEMA`): after every epoch (1..epochs) the model is scored on
 every split present; `loss` there is the mean cross-entropy of the labels (whatever the
@@ -15,7 +18,7 @@ groups that occur in the split. A checkpoint is chosen by a named criterion:
 Ties go to the earlier epoch. The selected state_dict is kept in memory; with a
 `stages.checkpoint.Checkpointer` the whole loop state (model, optimiser, loss state, RNGs,
 history, best-so-far) is also written every few epochs and on SIGINT/SIGTERM, and a re-run
-resumes from it with byte-identical results.
+resumes from it with byte-identical results — for every model trained through `fit_loop`.
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ def history_rows(epoch: int, metrics: Mapping[str, Mapping[str, float]]) -> list
 
 @dataclass
 class FitOptions:
-    """Optimisation and selection settings shared by erm, groupdro and distill."""
+    """Optimisation and selection settings of `fit_loop` (erm, groupdro, distill, ...)."""
 
     lr: float
     epochs: int
@@ -293,7 +296,47 @@ def fit_classifier(
 
     `model` is left holding its last-epoch weights; the selected ones are in the result.
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
-    `checkpoint.every` epochs, and on SIGINT/SIGTERM writes one and raises StageInterrupted.
+    `checkpoint.every` epochs, and on SIGINT/SIGTERM writes one and raises StageInterrupted
+    (see `fit_loop`). A `loss_fn` with `state_dict` (GroupDROLoss) has its state checkpointed.
+    """
+    def step(batch: Batch) -> torch.Tensor:
+        return loss_fn(model(batch["x"]), batch)
+
+    return fit_loop(
+        model, splits, splits["train"].tensors(), step, lambda: evaluate_splits(model, splits), opts, generator,
+        desc=desc, checkpoint=checkpoint, loss_state=loss_fn if hasattr(loss_fn, "state_dict") else None,
+    )
+
+
+def fit_loop(
+    model: nn.Module,
+    splits: Mapping[str, SplitData],
+    train: Mapping[str, torch.Tensor],
+    step: Callable[[Batch], torch.Tensor],
+    evaluate: Callable[[], dict[str, dict[str, float]]],
+    opts: FitOptions,
+    generator: torch.Generator,
+    desc: str = "train",
+    checkpoint: Checkpointer | None = None,
+    eval_every: int = 1,
+    loss_state: Any = None,
+) -> FitResult:
+    """The one epoch / selection / checkpoint loop of every trained model (classifiers and generative).
+
+    Each epoch runs `run_epoch(train, step, ...)` (AdamW over `model`, batches drawn with
+    `generator`); every `eval_every` epochs and at the last one `evaluate()` gives the
+    metrics of every split (one history row each) and the best epoch by `opts.selection`
+    is kept (ties to the earlier epoch). `model` is left holding its last-epoch weights in
+    train mode; the selected ones are in the result.
+
+    With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
+    `checkpoint.every` epochs (scored or not), and on SIGINT/SIGTERM writes one and raises
+    StageInterrupted. A checkpoint holds model, optimiser, `loss_state` (an object with
+    state_dict/load_state_dict, e.g. GroupDROLoss; None if the loss keeps no state), the RNGs
+    (torch's global one, `generator`, Python's, numpy's), history and best so far — all a
+    step or `evaluate` may consume, so a resumed run is byte-identical. `step` and `evaluate`
+    must not draw from any other stateful RNG (diffusion's scorer seeds its own generator
+    afresh on every call, so it needs nothing saved).
     """
     from stages.checkpoint import StopRequest, stop_requests
 
@@ -301,7 +344,6 @@ def fit_classifier(
     if split_name not in splits:
         raise ArtifactError(f"selection '{opts.selection}' needs split '{split_name}', which has no rows")
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-    train = splits["train"].tensors()
     rows: list[dict[str, Any]] = []
     best: _Best | None = None
     start = 1
@@ -309,7 +351,7 @@ def fit_classifier(
         ckpt = checkpoint.latest()
         if ckpt is not None:
             try:
-                rows, best = _restore(ckpt, model, optimizer, loss_fn, generator)
+                rows, best = _restore(ckpt, model, optimizer, loss_state, generator)
                 start = ckpt.epoch + 1
             except ArtifactError as e:
                 checkpoint.say(f"ignoring checkpoint {ckpt.path}: {e}")
@@ -317,22 +359,20 @@ def fit_classifier(
         if ckpt is None:
             checkpoint.start_fresh()
 
-    def step(batch: Batch) -> torch.Tensor:
-        return loss_fn(model(batch["x"]), batch)
-
     def save(epoch: int) -> str:
         assert checkpoint is not None
-        return str(checkpoint.save(epoch, *_loop_state(model, optimizer, loss_fn, generator, rows, best)))
+        return str(checkpoint.save(epoch, *_loop_state(model, optimizer, loss_state, generator, rows, best)))
 
     with stop_requests() if checkpoint is not None else nullcontext(StopRequest()) as stop:
         for epoch in progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch"):
             model.train()
             run_epoch(train, step, optimizer, opts.batch_size, generator)
-            metrics = evaluate_splits(model, splits)
-            rows += history_rows(epoch, metrics)
-            score = metrics[split_name][metric]
-            if best is None or score > best[0]:
-                best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
+            if epoch % eval_every == 0 or epoch == opts.epochs:
+                metrics = evaluate()
+                rows += history_rows(epoch, metrics)
+                score = metrics[split_name][metric]
+                if best is None or score > best[0]:
+                    best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
             saved = checkpoint is not None and checkpoint.due(epoch) and bool(save(epoch))
             fault_point("after_epoch", epoch)
             if stop.requested and epoch < opts.epochs and checkpoint is not None:
@@ -343,7 +383,7 @@ def fit_classifier(
                     f"(train.resume=false starts over)",
                     exit_code=stop.exit_code,
                 )
-    assert best is not None  # epochs >= 1
+    assert best is not None  # epochs >= 1 and the last epoch is always scored
     return FitResult(state_dict=best[2], selected_epoch=best[1], selected_metrics=best[3], history=history_table(rows))
 
 
@@ -352,15 +392,15 @@ _Best = tuple[float, int, dict[str, torch.Tensor], dict[str, dict[str, float]]]
 
 
 def _loop_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, generator: torch.Generator,
+    model: nn.Module, optimizer: torch.optim.Optimizer, loss_state: Any, generator: torch.Generator,
     rows: list[dict[str, Any]], best: _Best | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Everything `fit_classifier` needs to continue: (tensors, JSON meta) for a checkpoint."""
+    """Everything `fit_loop` needs to continue: (tensors, JSON meta) for a checkpoint."""
     from stages.checkpoint import optimizer_tensors, prefixed, rng_state
 
     tensors = {**prefixed("model", model.state_dict()), **optimizer_tensors(optimizer)}
-    if hasattr(loss_fn, "state_dict"):
-        tensors.update(prefixed("loss", loss_fn.state_dict()))
+    if loss_state is not None:
+        tensors.update(prefixed("loss", loss_state.state_dict()))
     rng_tensors, rng_meta = rng_state(generator)
     tensors.update(rng_tensors)
     meta: dict[str, Any] = {"history": rows, "rng": rng_meta, "best": None}
@@ -371,7 +411,7 @@ def _loop_state(
 
 
 def _restore(
-    ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, generator: torch.Generator
+    ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, loss_state: Any, generator: torch.Generator
 ) -> tuple[list[dict[str, Any]], _Best | None]:
     """Load a checkpoint into the loop's objects, after checking every tensor fits (else ArtifactError)."""
     from stages.checkpoint import load_optimizer, set_rng_state, unprefixed
@@ -383,8 +423,8 @@ def _restore(
     for i, p in enumerate(model.parameters()):
         expected.update({f"optim.{i}.exp_avg": (tuple(p.shape), p.dtype), f"optim.{i}.exp_avg_sq": (tuple(p.shape), p.dtype),
                          f"optim.{i}.step": ((), torch.float32)})
-    if hasattr(loss_fn, "state_dict"):
-        expected.update({f"loss.{k}": (tuple(v.shape), v.dtype) for k, v in loss_fn.state_dict().items()})
+    if loss_state is not None:
+        expected.update({f"loss.{k}": (tuple(v.shape), v.dtype) for k, v in loss_state.state_dict().items()})
     expected["rng.torch"] = (tuple(torch.get_rng_state().shape), torch.uint8)
     expected["rng.generator"] = (tuple(generator.get_state().shape), torch.uint8)
     got = {k: (tuple(v.shape), v.dtype) for k, v in t.items()}
@@ -402,8 +442,8 @@ def _restore(
         _ = rng["python"][1], rng["numpy"]["state"]["key"]  # complete before anything is loaded
         model.load_state_dict(unprefixed("model", t), strict=True)
         load_optimizer(optimizer, t)
-        if hasattr(loss_fn, "load_state_dict"):
-            loss_fn.load_state_dict(unprefixed("loss", t))
+        if loss_state is not None:
+            loss_state.load_state_dict(unprefixed("loss", t))
         set_rng_state(generator, t, rng)
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"its metadata is incomplete ({e!r})") from None
