@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
+    from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -36,9 +37,12 @@ def setup_torch(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
-    """A progress bar on stderr (tqdm), quiet when SHIFTLAB_QUIET=1 (tests, benchmarks)."""
+def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str = "it") -> tqdm[T]:
+    """A progress bar on stderr (tqdm), quiet when SHIFTLAB_QUIET=1 (tests, benchmarks).
+
+    Iterate over it like `items`; `set_postfix_str` shows live figures (a no-op when quiet).
+    """
     from tqdm import tqdm
 
     quiet = os.environ.get("SHIFTLAB_QUIET") == "1"
-    yield from tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, disable=quiet, mininterval=1.0, leave=False)
+    return tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, disable=quiet, mininterval=1.0, leave=False)

@@ -364,12 +364,16 @@ def fit_loop(
         return str(checkpoint.save(epoch, *_loop_state(model, optimizer, loss_state, generator, rows, best)))
 
     with stop_requests() if checkpoint is not None else nullcontext(StopRequest()) as stop:
-        for epoch in progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch"):
+        bar = progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch")
+        for epoch in bar:
             model.train()
             run_epoch(train, step, optimizer, opts.batch_size, generator)
             if epoch % eval_every == 0 or epoch == opts.epochs:
                 metrics = evaluate()
                 rows += history_rows(epoch, metrics)
+                if "val" in metrics:
+                    val = metrics["val"]
+                    bar.set_postfix_str(f"val acc {val['acc']:.3f}, worst-group {val['worst_group_acc']:.3f}", refresh=False)
                 score = metrics[split_name][metric]
                 if best is None or score > best[0]:
                     best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
