@@ -58,6 +58,17 @@ class _Checks:
     def choice(self, value: str, key: str, options: Sequence[str]) -> None:
         self.require(value in options, key, f"must be one of {list(options)}, got '{value}'")
 
+    def minibatch(self, cfg: Any) -> None:
+        """The optimisation keys every minibatch-trained section shares: lr, epochs and
+        batch_size, and weight_decay and selection where the section has them."""
+        self.positive(cfg.lr, "lr")
+        if hasattr(cfg, "weight_decay"):
+            self.non_negative(cfg.weight_decay, "weight_decay")
+        self.require(cfg.epochs >= 1, "epochs", f"must be >= 1, got {cfg.epochs}")
+        self.require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+        if hasattr(cfg, "selection"):
+            self.choice(cfg.selection, "selection", SELECTIONS)
+
 
 # ---- schemas ------------------------------------------------------------------------------
 
@@ -287,6 +298,11 @@ SELECTIONS = ("val_avg", "val_worst_group", "oracle")
 SELECTION_SPLIT = {"val_avg": "val", "val_worst_group": "val", "oracle": "test_ood"}
 
 
+def train_and_selection_splits(selection: str) -> tuple[str, ...]:
+    """What a minibatch-trained method reads: train, and the split its selection criterion scores."""
+    return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(selection, "val"))))
+
+
 @dataclass
 class ErmConfig:
     """Empirical risk minimisation with an MLP."""
@@ -302,17 +318,13 @@ class ErmConfig:
 
     def reads_splits(self) -> tuple[str, ...]:
         """The splits whose rows can change the trained weights: train, and the selection split."""
-        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
+        return train_and_selection_splits(self.selection)
 
     def check(self, c: _Checks) -> None:
         c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
         c.choice(self.init, "init", ["scratch", "pretrained"])
         c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
-        c.positive(self.lr, "lr")
-        c.non_negative(self.weight_decay, "weight_decay")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        c.choice(self.selection, "selection", SELECTIONS)
+        c.minibatch(self)
 
 
 @dataclass
@@ -427,15 +439,11 @@ class _GenerativeFit:
 
     def reads_splits(self) -> tuple[str, ...]:
         """The splits whose rows can change the trained weights: train, and the selection split."""
-        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
+        return train_and_selection_splits(self.selection)
 
     def check(self, c: _Checks) -> None:
         c.choice(self.kind, "kind", list(METHOD_SCHEMAS))  # type: ignore[attr-defined]
-        c.positive(self.lr, "lr")
-        c.non_negative(self.weight_decay, "weight_decay")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        c.choice(self.selection, "selection", SELECTIONS)
+        c.minibatch(self)
         c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
 
 
@@ -531,7 +539,7 @@ class TextErmConfig:
 
     def reads_splits(self) -> tuple[str, ...]:
         """The splits whose rows can change the trained weights: train, and the selection split."""
-        return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(self.selection, "val"))))
+        return train_and_selection_splits(self.selection)
 
     def check(self, c: _Checks) -> None:
         c.choice(self.kind, "kind", list(METHOD_SCHEMAS))
@@ -539,11 +547,7 @@ class TextErmConfig:
         c.require(self.max_len >= 1, "max_len", f"must be >= 1, got {self.max_len}")
         c.require(self.dim >= 1, "dim", f"must be >= 1, got {self.dim}")
         c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
-        c.positive(self.lr, "lr")
-        c.non_negative(self.weight_decay, "weight_decay")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        c.choice(self.selection, "selection", SELECTIONS)
+        c.minibatch(self)
 
 
 METHOD_SCHEMAS: dict[str, type] = {"erm": ErmConfig, "groupdro": GroupDROConfig, "lda": LDAConfig}
@@ -571,9 +575,7 @@ class PretrainConfig:
         c.choice(self.kind, "kind", ["dae"])
         c.require(len(self.hidden) >= 1 and all(h > 0 for h in self.hidden), "hidden", f"need >= 1 width > 0, got {self.hidden}")
         c.non_negative(self.noise_std, "noise_std")
-        c.positive(self.lr, "lr")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.minibatch(self)
 
 
 @dataclass
@@ -592,10 +594,7 @@ class DistillConfig:
         c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
         c.positive(self.temperature, "temperature")
         c.prob(self.alpha, "alpha")
-        c.positive(self.lr, "lr")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        c.choice(self.selection, "selection", SELECTIONS)
+        c.minibatch(self)
 
 
 @dataclass
@@ -687,11 +686,7 @@ class PhaseConfig:
         c.errors += [(f"base.{k}", m) for k, m in base.errors]
         c.require(len(self.seeds) >= 1, "seeds", "must not be empty")
         c.prob(self.shrinkage, "shrinkage")
-        c.positive(self.lr, "lr")
-        c.require(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        c.non_negative(self.weight_decay, "weight_decay")
-        c.choice(self.selection, "selection", SELECTIONS)
+        c.minibatch(self)
 
 
 @dataclass

@@ -54,32 +54,28 @@ def make_columns(counts: dict[str, tuple[int, ...]] = COUNTS) -> dict[str, np.nd
     }
 
 
+# The metadata keys stages.prepare writes that the suite's bounds come from.
+BASE_META = {"kind": "test", "n_classes": 2, "n_attrs": 2, "shape": [DIM], "rho_train": 0.75, "rho_ood": 0.25}
+
+
+def contract_table(cols: dict[str, np.ndarray], x: pa.Array) -> pa.Table:
+    """The contract's columns from `cols`, with `x` as given (any list type, to test bad ones too)."""
+    split = pa.array(cols["split"].tolist(), pa.string())
+    return pa.table({"id": cols["id"], "split": split, "y": cols["y"], "a": cols["a"], "g": cols["g"], "x": x})
+
+
 def write_prepared(
     dataset: str, cols: dict[str, np.ndarray], drop: tuple[str, ...] = (), **meta: object
 ) -> Path:
     """Write `cols` as a contract Parquet with the metadata keys stages.prepare writes."""
     metadata = {
         "dataset": dataset,
-        "kind": "test",
-        "n_classes": 2,
-        "n_attrs": 2,
-        "shape": [DIM],
-        "rho_train": 0.75,
-        "rho_ood": 0.25,
+        **BASE_META,
         "params": {},
         "split_sizes": {s: int((cols["split"] == s).sum()) for s in COUNTS},
     } | meta
     metadata = {k: v for k, v in metadata.items() if k not in drop}
-    table = pa.table(
-        {
-            "id": cols["id"],
-            "split": pa.array(cols["split"].tolist(), pa.string()),
-            "y": cols["y"],
-            "a": cols["a"],
-            "g": cols["g"],
-            "x": numpy_to_fixed_list(cols["x"]),
-        }
-    )
+    table = contract_table(cols, numpy_to_fixed_list(cols["x"]))
     return write_parquet(table, prepared_path(dataset), prepared_schema(DIM), metadata)
 
 
@@ -253,27 +249,10 @@ BATCH_ROWS = 5  # X_BATCH_BYTES below makes batches of this many rows of 3 uint8
 def pixel_table(cols: dict[str, np.ndarray]) -> pa.Table:
     """`cols` with x as uint8 pixels, the way stages/datasets/images.py stores images."""
     pixels = (np.abs(cols["x"]) * 60).astype(np.uint8)
-    return pa.table(
-        {
-            "id": cols["id"],
-            "split": pa.array(cols["split"].tolist(), pa.string()),
-            "y": cols["y"],
-            "a": cols["a"],
-            "g": cols["g"],
-            "x": numpy_to_fixed_list(pixels, pa.uint8()),
-        }
-    )
+    return contract_table(cols, numpy_to_fixed_list(pixels, pa.uint8()))
 
 
-PIXEL_META = {
-    "kind": "test",
-    "n_classes": 2,
-    "n_attrs": 2,
-    "shape": [DIM],
-    "rho_train": 0.75,
-    "rho_ood": 0.25,
-    "x_dtype": "uint8",
-}
+PIXEL_META = {**BASE_META, "x_dtype": "uint8"}
 
 
 def write_pixels_streamed(dataset: str, table: pa.Table, row_group_size: int) -> Path:
@@ -369,16 +348,7 @@ def test_corrupt_x_is_reported_row_wise_across_batches(workdir, monkeypatch, cap
     rows[12] = None
     rows[23] = rows[23][:2]
     rows[31][1] = float("inf")
-    table = pa.table(
-        {
-            "id": cols["id"],
-            "split": pa.array(cols["split"].tolist(), pa.string()),
-            "y": cols["y"],
-            "a": cols["a"],
-            "g": cols["g"],
-            "x": pa.array(rows, pa.list_(pa.float32())),
-        }
-    )
+    table = contract_table(cols, pa.array(rows, pa.list_(pa.float32())))
     meta = {**PIXEL_META, "x_dtype": "float32", "dataset": "corrupt"}
     write_parquet(table, prepared_path("corrupt"), table.schema, meta)
     assert stage.main(["corrupt"]) == 2
