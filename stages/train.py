@@ -8,7 +8,7 @@ shared minibatch loop and keep the epoch chosen by `selection`; lda and qda are 
 closed form on the train split; diffusion and autoregressive (generative classifiers) train
 with `stages.models.generative.fit_generative` (the same loop, `training.fit_loop`, with the
 model's own likelihood loss) and the same selection criteria; text_erm (a
-bag-of-embeddings classifier over the `text` column's word tokens, stages/models/text.py) trains
+bag-of-embeddings classifier over the `text` column's word tokens, stages/models/text_classifier.py) trains
 with the shared loop like erm and needs a text dataset; dfr fits a linear head on the pretrained embeddings of val only. With
 `init: pretrained` the encoder (architecture and weights, including its input
 standardisation) comes from data/pretrained/<dataset>/encoder.safetensors and is fine-tuned
@@ -381,7 +381,7 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     elif isinstance(cfg, TextErmConfig):
         # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
         check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
-        from stages.models.text import train_text
+        from stages.models.text_classifier import train_text
 
         ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
         model, result = train_text(prepared, cfg, seed_i, desc=f"train {method}", checkpoint=ckpt)

@@ -23,7 +23,8 @@ from stages.artifacts import (
 from stages.config import ConfigError, ShortcutTextConfig, TextErmConfig, check_all, load_params
 from stages.io import ArtifactError, load_weights, read_json, save_weights
 from stages.models import CONFIG, KINDS, WEIGHTS, load_model, save_model
-from stages.models.text import TextClassifier, build_vocab, train_text
+from stages.models.text import build_vocab
+from stages.models.text_classifier import TextClassifier, train_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ["--params", str(ROOT / "params.yaml")]

@@ -19,7 +19,7 @@ Kinds (`Classifier.kind`, the architecture, not the training method):
                     (stages/models/autoregressive.py)
     text            TextClassifier (text_erm): pre-softmax class scores of a bag of word
                     embeddings; takes the `text` column (`input == "text"`); its vocabulary
-                    is in the metadata (stages/models/text.py)
+                    is in the metadata (stages/models/text_classifier.py)
 
 The generative kinds (lda, qda, diffusion, autoregressive) also have `log_likelihood(x)`,
 per-example log p(x) (an ELBO estimate for diffusion, of the tokenised x for autoregressive).
@@ -171,7 +171,7 @@ def _build(meta: dict[str, Any], path: Path) -> nn.Module:
     if kind in ("diffusion", "autoregressive", "text"):
         from stages.models.autoregressive import AutoregressiveClassifier
         from stages.models.diffusion import DiffusionClassifier
-        from stages.models.text import TextClassifier
+        from stages.models.text_classifier import TextClassifier
 
         cls = {"diffusion": DiffusionClassifier, "autoregressive": AutoregressiveClassifier, "text": TextClassifier}[kind]
         try:
