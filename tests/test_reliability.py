@@ -159,6 +159,31 @@ def test_atomic_outputs_get_ordinary_file_permissions(tmp_path):
     assert Path(private).stat().st_mode & 0o777 == 0o600  # the user's umask still rules
 
 
+def test_git_ignores_every_stage_output_but_not_the_raw_downloads():
+    """Outputs are DVC's, not git's; data/raw/<name>.dvc files must stay visible to git AND to DVC.
+
+    DVC's git backend (dulwich) must not see `data/` itself as ignored — with `/data/*` in
+    .gitignore it did, never collected data/raw/*.dvc, and `dvc exp run` deleted the downloads.
+    """
+    import yaml
+    from dvc.scm import SCM
+
+    outs = []
+    for stage in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values():
+        body = stage.get("do", stage)
+        outs += [re.sub(r"\$\{[^}]*\}", "x", o if isinstance(o, str) else next(iter(o))) for o in body.get("outs", [])]
+    assert outs and all(o.startswith("data/") for o in outs)
+    check = subprocess.run(["git", "check-ignore", "--no-index", "--stdin", "-n", "-v"], cwd=REPO, input="\n".join(
+        [*outs, "data/raw/waterbirds.dvc", "data/raw/.gitignore"]), capture_output=True, text=True).stdout.splitlines()
+    # "<source>:<line>:<pattern>\t<path>"; "::\t<path>" when no pattern matches; a "!" pattern re-includes.
+    verdict = {path: bool(how.split(":", 2)[2]) and not how.split(":", 2)[2].startswith("!")
+               for how, path in (line.split("\t", 1) for line in check)}
+    assert all(verdict[o] for o in outs), [o for o in outs if not verdict[o]]
+    assert not verdict["data/raw/waterbirds.dvc"] and not verdict["data/raw/.gitignore"]
+    scm = SCM(str(REPO))
+    assert not scm.is_ignored(str(REPO / "data") + "/") and not scm.is_ignored(str(REPO / "data" / "raw") + "/")
+
+
 def test_dvc_ignores_temp_files_of_interrupted_writes():
     patterns = (REPO / ".dvcignore").read_text().splitlines()
     assert ".*.tmp" in patterns and ".*.old-*" in patterns and "/scratch/" in patterns
