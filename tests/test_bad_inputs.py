@@ -357,6 +357,11 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(case, base, tmp_path, 
     shown = err if case.stream == "err" else out
     for name in case.names:
         assert name in shown, f"{name!r} not in {shown[:2000]!r}"
+    documented = documented_message(case.id)
+    if documented and case.code:  # docs/reliability.md shows what is printed (long ones cut at "…")
+        printed = " ".join(shown.replace("`", "").split())
+        for piece in (p.strip() for p in documented.split("…")):
+            assert " ".join(piece.split()) in printed, f"docs/reliability.md row {case.id!r} is stale: {piece!r} not in {printed[:600]!r}"
     after = file_hashes(work)
     assert {k: after.get(k) for k in before} == before, "an existing file changed or vanished"
     assert all(re.fullmatch(r"data/validated/.*\.failed\.json", k) for k in set(after) - set(before)), set(after) - set(before)
@@ -369,6 +374,16 @@ def test_errors_are_one_line_where_a_single_thing_is_wrong(base, tmp_path, monke
     for argv in (["compose", "experiment=nope"], ["check", "method.erm.lr=-1"]):
         assert config.main(argv) == 2
         assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def documented_message(case_id: str) -> str:
+    """The "what the user gets" cell of `case_id`'s row in docs/reliability.md, without markdown escapes."""
+    text = (REPO / "docs" / "reliability.md").read_text()
+    m = re.search(rf"^\| `{re.escape(case_id)}` \|(.*)\|\s*$", text, flags=re.M)
+    if m is None:
+        return ""
+    cell = re.split(r"(?<!\\)\|", m.group(1))[-1].strip()
+    return cell.replace("\\|", "|").replace("`", "")
 
 
 def test_docs_list_every_case():
