@@ -73,14 +73,20 @@ def fit_generative(
     return result
 
 
-def log_priors(y: np.ndarray | torch.Tensor, n_classes: int) -> torch.Tensor:
-    """log π_y from label counts (float64); every class must occur (ValueError otherwise)."""
+def class_counts(y: np.ndarray | torch.Tensor, n_classes: int) -> torch.Tensor:
+    """Examples per class (int64, (n_classes,)); ValueError if a label is out of range or a class is missing."""
     counts = torch.bincount(torch.as_tensor(np.asarray(y), dtype=torch.int64), minlength=n_classes)
     if len(counts) > n_classes:
         raise ValueError(f"labels go up to {len(counts) - 1} but n_classes is {n_classes}")
     missing = [k for k in range(n_classes) if counts[k] == 0]
     if missing:
         raise ValueError(f"class(es) {missing} have no training examples")
+    return counts
+
+
+def log_priors(y: np.ndarray | torch.Tensor, n_classes: int) -> torch.Tensor:
+    """log π_y from label counts (float64); every class must occur (ValueError otherwise)."""
+    counts = class_counts(y, n_classes)
     return torch.log(counts.double() / counts.sum())
 
 

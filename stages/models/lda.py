@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from stages.models.generative import logsumexp_np
+from stages.models.generative import class_counts, logsumexp_np
 from stages.models.nets import batched_logits
 
 
@@ -123,16 +123,6 @@ class LDAClassifier(_GaussianClassifier):
         return {"params": self._params(), "macs": d * (d + 1) // 2 + k * d, "forward_passes": 1}
 
 
-def _class_counts(yt: torch.Tensor, n_classes: int) -> torch.Tensor:
-    counts = torch.bincount(yt, minlength=n_classes)
-    if len(counts) > n_classes:
-        raise ValueError(f"labels go up to {int(yt.max())} but n_classes is {n_classes}")
-    missing = [k for k in range(n_classes) if counts[k] == 0]
-    if missing:
-        raise ValueError(f"class(es) {missing} have no training examples")
-    return counts
-
-
 def _shrink(cov: torch.Tensor, shrinkage: float) -> torch.Tensor:
     """(1 − λ) Σ + λ (tr Σ / d) I, exactly symmetric."""
     d = cov.shape[-1]
@@ -151,7 +141,7 @@ def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> L
     xt = torch.tensor(np.asarray(x, dtype=np.float64))
     yt = torch.tensor(np.asarray(y, dtype=np.int64))
     n, d = xt.shape
-    counts = _class_counts(yt, n_classes)
+    counts = class_counts(yt, n_classes)
     if n - n_classes < 1:
         raise ValueError(f"need more examples ({n}) than classes ({n_classes})")
     onehot = torch.nn.functional.one_hot(yt, n_classes).double()  # (n, K)
@@ -212,7 +202,7 @@ def fit_qda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> Q
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
     xt = torch.tensor(np.asarray(x, dtype=np.float64))
     yt = torch.tensor(np.asarray(y, dtype=np.int64))
-    counts = _class_counts(yt, n_classes)
+    counts = class_counts(yt, n_classes)
     small = [k for k in range(n_classes) if counts[k] < 2]
     if small:
         raise ValueError(f"class(es) {small} have fewer than 2 training examples (a covariance needs 2)")
