@@ -342,10 +342,27 @@ def checkpointer(
     )
 
 
+def save_epoch_trained(
+    out: Path, model: Any, record: dict[str, Any], result: FitResult, selection: str, ckpt: Checkpointer
+) -> tuple[dict[str, dict[str, float]], str]:
+    """Record what the loop selected, write the model folder, drop the checkpoint; (metrics, how).
+
+    `record` may already hold an `architecture` (text_erm's, without its vocabulary).
+    """
+    from stages.models import save_model
+    from stages.models.robust import selection_summary
+
+    record.setdefault("architecture", model.arch())
+    record.update(selection=selection, selected_epoch=result.selected_epoch, metrics=result.selected_metrics)
+    record.update(selections=selection_summary(result.history))
+    save_model(out, model, record, result.history)
+    ckpt.clear()  # the model folder is written: nothing left to resume
+    return result.selected_metrics, f"epoch {result.selected_epoch} selected by {selection}"
+
+
 def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     from stages.artifacts import model_dir, prepared_path, pretrained_dir
     from stages.models import ENCODER, save_model
-    from stages.models.robust import selection_summary
     from stages.models.training import read_prepared_input
 
     seed_i = parse_seed(seed)
@@ -372,12 +389,7 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     elif isinstance(cfg, (DiffusionConfig, AutoregressiveConfig)):
         ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
         model, result = train_generative(prepared, cfg, method, seed_i, checkpoint=ckpt)
-        metrics = result.selected_metrics
-        record.update(architecture=model.arch(), selection=cfg.selection, selected_epoch=result.selected_epoch, metrics=metrics)
-        record.update(selections=selection_summary(result.history))
-        save_model(out, model, record, result.history)
-        ckpt.clear()  # the model folder is written: nothing left to resume
-        how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
+        metrics, how = save_epoch_trained(out, model, record, result, cfg.selection, ckpt)
     elif isinstance(cfg, TextErmConfig):
         # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
         check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
@@ -385,14 +397,10 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
 
         ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
         model, result = train_text(prepared, cfg, seed_i, desc=f"train {method}", checkpoint=ckpt)
-        metrics = result.selected_metrics
         # The vocabulary lives in model.safetensors' metadata; config.json records only its size.
         arch = {k: v for k, v in model.arch().items() if k != "vocab"}
-        record.update(architecture={**arch, "vocab_words": len(model.vocab)}, selection=cfg.selection)
-        record.update(selected_epoch=result.selected_epoch, metrics=metrics, selections=selection_summary(result.history))
-        save_model(out, model, record, result.history)
-        ckpt.clear()  # the model folder is written: nothing left to resume
-        how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
+        record["architecture"] = {**arch, "vocab_words": len(model.vocab)}
+        metrics, how = save_epoch_trained(out, model, record, result, cfg.selection, ckpt)
     elif isinstance(cfg, LDAConfig):  # and QDAConfig
         model, metrics, history = train_lda(prepared, cfg, method)
         record.update(architecture=model.arch(), selection=None, selected_epoch=0, metrics=metrics)
@@ -402,14 +410,10 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         ckpt = checkpointer(dataset, method, seed_i, cfg, settings)
         info: dict[str, Any] = {}
         model, result = train_mlp(prepared, cfg, dataset, seed_i, desc=f"train {method}", checkpoint=ckpt, info=info)
-        metrics = result.selected_metrics
-        record.update(architecture=model.arch(), selection=cfg.selection, selected_epoch=result.selected_epoch, metrics=metrics)
-        record.update(info, selections=selection_summary(result.history))
+        record.update(info)
         if cfg.init == "pretrained":
             record["pretrained_encoder"] = str(pretrained_dir(dataset) / ENCODER)
-        save_model(out, model, record, result.history)
-        ckpt.clear()  # the model folder is written: nothing left to resume
-        how = f"epoch {result.selected_epoch} selected by {cfg.selection}"
+        metrics, how = save_epoch_trained(out, model, record, result, cfg.selection, ckpt)
     val = metrics["val"]
     return (
         f"trained {method} on {dataset} seed {seed_i}: {how} "
