@@ -7,9 +7,9 @@ In a temp copy of the repo (params composed from conf/ with the `--override`s; d
 tiny experiment), with a Prefect server: the one at PREFECT_API_URL when that answers, else
 one started here (`prefect server start`, SQLite in a temp PREFECT_HOME) and stopped after.
 
-1. pipeline overhead: `--runs` times each, alternating, `dvc repro --force` and the `pipeline`
-   flow with force=True (`python -m pipeline.flows --force`, a fresh process like a worker's);
-   medians and their difference. Target: overhead <= max(15 %, 10 s).
+1. pipeline overhead: `--runs` times each `dvc repro --force` and the `pipeline` flow with
+   force=True (`python -m pipeline.flows --force`, a fresh process like a worker's), alternating
+   which goes first; medians and their difference. Target: overhead <= max(15 %, 10 s).
 2. no-op: the flow with everything up to date (`python -m pipeline.flows`), median. Target < 15 s.
 3. sweep: `--points` points (method.lda.shrinkage values on one dataset and model, the shared
    stages run once beforehand) with 1 worker and with 2 workers, `--sweep-runs` times each,
@@ -91,13 +91,18 @@ def start_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, url
 
 
+def each(times: Sequence[float]) -> str:
+    return ", ".join(f"{x:.1f}" for x in times) + " s"
+
+
 def bench_pipeline(repo: Path, runs: int) -> dict[str, list[float]]:
     flow = [sys.executable, "-m", "pipeline.flows"]
     times: dict[str, list[float]] = {"dvc": [], "flow": [], "noop": []}
     run(["dvc", "repro"], repo)  # warm: imports, DVC's state db
     for i in range(runs):
-        times["dvc"].append(run(["dvc", "repro", "--force"], repo))
-        times["flow"].append(run([*flow, "--force"], repo))
+        # which goes first alternates, so neither always runs on a machine the other just warmed
+        for what in ("dvc", "flow") if i % 2 == 0 else ("flow", "dvc"):
+            times[what].append(run(["dvc", "repro", "--force"] if what == "dvc" else [*flow, "--force"], repo))
         times["noop"].append(run(flow, repo))
         print(f"run {i + 1}: dvc repro --force {times['dvc'][-1]:.1f} s, flow --force {times['flow'][-1]:.1f} s, "
               f"no-op flow {times['noop'][-1]:.1f} s", file=sys.stderr)
@@ -149,18 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dvc, fl, noop = (statistics.median(t[k]) for k in ("dvc", "flow", "noop"))
                 limit = max(0.15 * dvc, 10.0)
                 rows += [
-                    f"| `dvc repro --force`, {n_stages} stages ({' '.join(overrides)}), median of {args.runs} | {dvc:.1f} s |",
-                    f"| `pipeline` flow, force=True, same stages, median of {args.runs} | {fl:.1f} s |",
+                    f"| `dvc repro --force`, {n_stages} stages ({' '.join(overrides)}), median of {args.runs} ({each(t['dvc'])}) | {dvc:.1f} s |",
+                    f"| `pipeline` flow, force=True, same stages, median of {args.runs} ({each(t['flow'])}) | {fl:.1f} s |",
                     f"| flow overhead (target ≤ max(15 %, 10 s) = {limit:.1f} s) | {fl - dvc:+.1f} s ({(fl - dvc) / dvc:+.0%}) {'✓' if fl - dvc <= limit else '✗'} |",
-                    f"| no-op flow run, everything up to date, median of {args.runs} (target < 15 s) | {noop:.1f} s {'✓' if noop < 15 else '✗'} |",
+                    f"| no-op flow run, everything up to date, median of {args.runs} ({each(t['noop'])}; target < 15 s) | {noop:.1f} s {'✓' if noop < 15 else '✗'} |",
                 ]
             if not args.skip_sweep:
                 t = bench_sweep(repo, args.points, args.sweep_runs)
                 one, two = statistics.median(t["1"]), statistics.median(t["2"])
                 ratio = two / one
                 rows += [
-                    f"| sweep of {args.points} points, 1 worker (one after another), median of {args.sweep_runs} | {one:.1f} s |",
-                    f"| same sweep, 2 workers, median of {args.sweep_runs} (target < 65 % of 1 worker) | {two:.1f} s ({ratio:.0%}) {'✓' if ratio < 0.65 else '✗'} |",
+                    f"| sweep of {args.points} points, 1 worker (one after another), median of {args.sweep_runs} ({each(t['1'])}) | {one:.1f} s |",
+                    f"| same sweep, 2 workers, median of {args.sweep_runs} ({each(t['2'])}; target < 65 % of 1 worker) | {two:.1f} s ({ratio:.0%}) {'✓' if ratio < 0.65 else '✗'} |",
                 ]
         finally:
             if server is not None:

@@ -3,7 +3,9 @@
     python -m pipeline.flows [--target GLOB ...] [--force] [--override KEY=VALUE ...] [--push]
 
 Each task runs `dvc repro --single-item <stage>`, so `dvc.lock` stays the record and DVC is
-the only cache (tasks use NO_CACHE). DVC locks one workspace, so stages run one at a time.
+the only cache (tasks use NO_CACHE). The commands go through one helper process per flow run
+that imports DVC once and forks per command (pipeline/dvc_server.py): the same CLI, without
+paying DVC's start-up once per stage. DVC locks one workspace, so stages run one at a time.
 Before the stages run the flow asks DVC once which stages are stale (`dvc status`); a stage
 DVC reports unchanged, none of whose upstream stages ran in this flow, is shown as an
 `up-to-date` task without starting DVC again (that keeps a no-op run short).
@@ -47,6 +49,8 @@ from prefect.artifacts import (  # noqa: E402
     create_table_artifact,
 )
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+
+from pipeline.dvc_server import DvcRunner, DvcServerDied  # noqa: E402
 
 LEADERBOARD_COLUMNS = ("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
 KEY_PREFIX = "shiftlab"
@@ -149,24 +153,39 @@ def check_stage(stage: str, known: Sequence[str]) -> str:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def run_stage(stage: str, root: str, force: bool = False, stale: bool = True, known: list[str] | None = None) -> str:
+def run_stage(
+    stage: str,
+    root: str,
+    force: bool = False,
+    stale: bool = True,
+    known: list[str] | None = None,
+    dvc: DvcRunner | None = None,
+) -> str:
     """`dvc repro --single-item <stage>` unless DVC already said it is unchanged; the outcome.
 
     `known`: DVC's stage names (read from the project when not given); any other name is refused.
+    `dvc`: the flow run's DVC helper (pipeline/dvc_server.py); without one, a helper for this call.
     """
     check_stage(stage, known if known is not None else stage_graph(Path(root))[0])
     logger = get_run_logger()
     if not (force or stale):
         logger.info("%s: up to date (dvc status: unchanged, nothing upstream ran)", stage)
         return "up-to-date"
-    cmd = [dvc_bin(), "repro", "--single-item", stage] + (["--force"] if force else [])
-    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
-    output = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
+    argv = ["repro", "--single-item", stage] + (["--force"] if force else [])
+    try:
+        if dvc is None:
+            with DvcRunner(root, tool_env()) as own:
+                rc, output = own.run(argv)
+        else:
+            rc, output = dvc.run(argv)
+    except DvcServerDied as e:
+        rc, output = -1, str(e)
+    output = output.strip()
+    if rc != 0:
         logger.error("%s failed:\n%s", stage, output)
         if stage.startswith("validate@"):
             publish_validation_failure(Path(root), stage.split("@", 1)[1])
-        raise StageFailed(f"{stage}: dvc repro exited {proc.returncode}\n{output[-2000:]}")
+        raise StageFailed(f"{stage}: dvc repro exited {rc}\n{output[-2000:]}")
     logger.info("%s", output or "up to date")
     return outcome(output)
 
@@ -341,23 +360,30 @@ def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | Non
     stages = select(order, upstream, targets)
     stale = None if force else stale_stages(Path(root))
     states: dict[str, str] = {}
-    for stage in stages:
-        blocked = [u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped")]
-        if blocked:
-            states[stage] = "skipped"
-            logger.warning("skipping %s: upstream %s did not succeed", stage, ", ".join(sorted(blocked)))
-            continue
-        upstream_changed = any(states.get(u) in ("ran", "restored") for u in upstream.get(stage, ()))
-        is_stale = stale is None or stage in stale or upstream_changed
-        try:
-            states[stage] = run_stage(stage, root, force, is_stale, known=order)
-        except StageFailed:
-            states[stage] = "failed"
-    create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
-    failed = sorted(s for s, st in states.items() if st == "failed")
+    with DvcRunner(root, tool_env()) as dvc:  # one DVC import for all the stages
+        for stage in stages:
+            blocked = [u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped")]
+            if blocked:
+                states[stage] = "skipped"
+                logger.warning("skipping %s: upstream %s did not succeed", stage, ", ".join(sorted(blocked)))
+                continue
+            upstream_changed = any(states.get(u) in ("ran", "restored") for u in upstream.get(stage, ()))
+            is_stale = stale is None or stage in stale or upstream_changed
+            try:
+                states[stage] = run_stage(stage, root, force, is_stale, known=order, dvc=dvc)
+            except StageFailed:
+                states[stage] = "failed"
+        create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
+        failed = sorted(s for s, st in states.items() if st == "failed")
+        if failed:
+            # DVC removed the failed stages' outputs before running them: put the last good ones back.
+            try:
+                rc, output = dvc.run(["checkout", "--quiet"])
+            except DvcServerDied as e:
+                rc, output = -1, str(e)
+            if rc != 0:
+                logger.warning("dvc checkout (restoring the last good outputs) failed:\n%s", output.strip())
     if failed:
-        # DVC removed the failed stages' outputs before running them: put the last good ones back.
-        subprocess.run([dvc_bin(), "checkout", "--quiet"], cwd=root, env=tool_env(), check=False)
         skipped = sorted(s for s, st in states.items() if st == "skipped")
         raise StageFailed(
             f"{len(failed)} stage(s) failed: {', '.join(failed)}"

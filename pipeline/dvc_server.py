@@ -1,0 +1,255 @@
+"""One DVC process for a whole flow run: DVC is imported once, each command runs in a fork of it.
+
+A flow runs `dvc repro --single-item <stage>` once per stage. As separate processes, each one
+spends ~0.3 s starting Python and importing DVC before it looks at the stage, 15-20 s over the
+56 stages of the default run. Here one helper process imports DVC once and forks a child per
+command; the child runs DVC's own CLI entry point (`dvc.cli.main`) with the command's stdout and
+stderr (and those of the stage command DVC starts) going to a pipe, and exits with DVC's exit
+code. So a command behaves exactly as `dvc <argv>` from a shell: a fresh DVC `Repo`, DVC's own
+lock, output and exit codes. The helper is single-threaded, so forking it is safe (the flow's
+own process is not: Prefect runs threads).
+
+Protocol, one JSON object per line: the flow writes `{"argv": [...]}` to the helper's stdin and
+reads `{"rc": <exit code>, "output": "<stdout+stderr>"}` from its stdout. The helper exits at
+end of input. On SIGTERM/SIGINT it passes the signal to the running command's process group
+(DVC and the stage command it started; SIGKILL after GRACE_S) and exits; it does the same when
+the flow's process dies (its parent changes) during a command.
+
+    runner = DvcRunner(root)        # the helper starts in `root` at the first run()
+    rc, output = runner.run(["repro", "--single-item", "report"])
+    runner.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+PROJECT = Path(__file__).resolve().parents[1]  # where the `pipeline` package lives
+GRACE_S = 10.0  # after passing on SIGTERM/SIGINT, how long the command gets before SIGKILL
+_parent = os.getppid()  # the flow's process; if it dies, the helper stops the running command
+_child = 0  # pid of the command running now (helper side)
+_protocol_fds: list[int] = []  # the helper's request/reply fds, closed in each forked command
+
+
+class DvcServerDied(RuntimeError):
+    """The helper process ended without answering (killed, out of memory...)."""
+
+
+# ---- helper side -----------------------------------------------------------------------------
+
+# What `dvc repro` imports (DVC imports most lazily), measured with DVC 3.67: importing it once
+# here saves each forked command ~0.1 s. Importing only: running DVC in the helper would start
+# threads (tqdm's monitor) and open files that forked children must not share.
+PRELOAD = (
+    "dvc.cli", "dvc.cli.parser", "dvc.commands.repro", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.stage",
+    "dvc.repo.params", "dvc.repo.metrics", "dvc.repo.plots", "dvc.repo.artifacts", "dvc.repo.datasets",
+    "dvc.repo.open_repo", "dvc.dvcfile", "dvc.utils.strictyaml", "dvc.lock", "dvc.rwlock", "dvc.scm",
+    "dvc.cachemgr", "dvc.data_cloud", "dvc.analytics", "dvc.stage.run", "dvc.stage.cache",
+    "dvc_data.hashfile.db.local", "dvc_data.hashfile.status", "scmrepo.git", "scmrepo.git.backend.dulwich",
+    "scmrepo.git.backend.pygit2", "scmrepo.git.backend.gitpython", "dulwich.repo", "ruamel.yaml", "psutil",
+    "flufl.lock", "zc.lockfile", "platformdirs",
+)
+
+
+def preload() -> None:
+    """Import PRELOAD; a module a DVC version lacks is skipped (the command imports what it needs)."""
+    import importlib
+
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def run_forked(argv: Sequence[str]) -> tuple[int, str]:
+    """`dvc <argv>` in a forked child; its exit code (negative signal number if killed) and output."""
+    global _child
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: DVC's CLI with stdout+stderr into the pipe
+        rc = 255
+        try:
+            os.setpgid(0, 0)  # its own process group, with the stage command: one signal stops both
+            for fd in (read_end, *_protocol_fds):
+                os.close(fd)
+            os.dup2(write_end, 1)
+            os.dup2(write_end, 2)
+            os.close(write_end)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            from dvc.cli import main
+
+            rc = main(list(argv))
+        except BaseException:  # noqa: BLE001 - report anything, the parent only sees the exit code
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc if isinstance(rc, int) and 0 <= rc < 256 else 255)
+    with contextlib.suppress(OSError):  # also here, so a signal right after fork finds the group
+        os.setpgid(pid, pid)
+    _child = pid
+    os.close(write_end)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            if not select.select([read_end], [], [], 1.0)[0]:
+                if os.getppid() != _parent:  # the flow's process died: stop the command too
+                    _forward(signal.SIGTERM, None)
+                continue
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+    data = b"".join(chunks)
+    _, status = os.waitpid(pid, 0)
+    _child = 0
+    return os.waitstatus_to_exitcode(status), data.decode("utf-8", errors="replace")
+
+
+def _forward(signum: int, frame: FrameType | None) -> None:
+    """Stop the running command (DVC and the stage command it started) with the same signal, then the helper."""
+    if _child:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(_child, signum)
+        deadline = time.monotonic() + GRACE_S
+        with contextlib.suppress(ChildProcessError):  # already reaped
+            while os.waitpid(_child, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(_child, signal.SIGKILL)
+                    os.waitpid(_child, 0)
+                    break
+                time.sleep(0.05)
+    os._exit(128 + signum)
+
+
+def serve(requests: IO[str], replies: IO[str]) -> None:
+    """Answer each request line with one reply line until `requests` ends."""
+    for line in requests:
+        if not line.strip():
+            continue
+        argv = json.loads(line)["argv"]
+        rc, output = run_forked(argv)
+        replies.write(json.dumps({"rc": rc, "output": output}) + "\n")
+        replies.flush()
+
+
+def main() -> int:
+    # The protocol gets private copies of stdin/stdout; fds 0 and 1 (which forked commands
+    # inherit) become /dev/null and stderr, so nothing but replies reaches the flow's pipe.
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    _protocol_fds.extend((requests.fileno(), replies.fileno()))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    preload()
+    serve(requests, replies)
+    return 0
+
+
+# ---- flow side -------------------------------------------------------------------------------
+
+
+class DvcRunner:
+    """A `pipeline.dvc_server` helper in `root`: `run(argv)` is `dvc <argv>` there.
+
+    The helper starts on the first `run` (a flow run with nothing to do never starts it) and
+    again if it has ended since.
+    """
+
+    def __init__(self, root: str, env: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self.env = dict(env) if env is not None else None
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            self.close()
+            # sys.path[0] is this project (not the workspace, nor in PYTHONPATH, which the
+            # stage commands DVC starts would inherit)
+            code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.dvc_server import main; raise SystemExit(main())"
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=self.root,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,  # replies; the helper's own stderr (nothing, normally) is the flow's
+                text=True,
+                encoding="utf-8",
+            )
+        return self.proc
+
+    def run(self, argv: Sequence[str]) -> tuple[int, str]:
+        """Exit code and output (stdout+stderr) of `dvc <argv>`; DvcServerDied if the helper died meanwhile."""
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps({"argv": list(argv)}) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            raise DvcServerDied(f"the DVC helper process (pipeline.dvc_server in {self.root}) ended ({self._ended(proc)}) "
+                                f"before finishing `dvc {' '.join(argv)}`")
+        reply = json.loads(line)
+        return int(reply["rc"]), str(reply["output"])
+
+    @staticmethod
+    def _ended(proc: subprocess.Popen[str]) -> str:
+        """How the helper ended."""
+        try:
+            rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        return f"killed by signal {-rc}" if rc < 0 else f"with exit code {rc}"
+
+    def close(self) -> None:
+        """End the helper (it exits at end of input) and reap it."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream and not stream.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    stream.close()
+
+    def __enter__(self) -> DvcRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
