@@ -14,7 +14,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Stage commands in dvc.yaml call `python`: make it the venv's.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: repro test setup params check lint lock bench clean-venv inspect serve stop
+.PHONY: repro test setup params check lint lock bench bench-flow clean-venv inspect serve stop
 
 setup: $(STAMP) .dvc/config
 
@@ -72,6 +72,12 @@ lint: setup
 bench: setup
 	$(PY) -m benchmarks.bench_train
 	$(PY) -m benchmarks.bench_repro
+
+# The Prefect flows against plain DVC (README, "Orchestration overhead"): tiny DAG and sweep,
+# ~15 min on an idle 2-core machine. BENCH_FLOW_ARGS="--runs 3 --override 'run.seeds=[0]' --skip-sweep"
+# measures the default DAG (~25 min).
+bench-flow: setup
+	$(PY) -m benchmarks.bench_flow $(BENCH_FLOW_ARGS)
 
 lock: setup
 	$(PY) -m pip freeze | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock.new
