@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -95,16 +96,8 @@ def test_a_killed_command_fails_and_the_helper_goes_on(project: Path) -> None:
         assert helper is not None
 
         def kill_running_command() -> None:
-            # the helper's only child is the forked `dvc repro`; kill it as the OOM killer would
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                children = Path(f"/proc/{helper.pid}/task/{helper.pid}/children").read_text().split()
-                if children:
-                    os.kill(int(children[0]), signal.SIGKILL)
-                    return
-                time.sleep(0.05)
-
-        import threading
+            # the helper's first child is the forked `dvc repro`; kill it as the OOM killer would
+            os.kill(wait_for(lambda: at_least(1, helper.pid), "the forked command")[0], signal.SIGKILL)
 
         killer = threading.Thread(target=kill_running_command)
         killer.start()
@@ -127,12 +120,12 @@ def test_a_dead_helper_is_reported_then_replaced(project: Path) -> None:
 
         second = dvc.proc
         assert second is not None
-        threading_kill = subprocess.Popen(  # the helper dies in the middle of a command
+        killer = subprocess.Popen(  # the helper dies in the middle of a command
             [sys.executable, "-c", f"import os, signal, time; time.sleep(2); os.kill({second.pid}, signal.SIGKILL)"]
         )
         with pytest.raises(DvcServerDied, match=r"killed by signal 9.*dvc repro --single-item slow"):
             dvc.run(["repro", "--single-item", "slow"])
-        threading_kill.wait()
+        killer.wait()
 
 
 def descendants(pid: int) -> list[int]:
@@ -178,8 +171,6 @@ def test_sigterm_stops_the_running_command_its_stage_and_the_helper(project: Pat
         # dvc repro (forked) and the stage's `python -c sleep` under it
         seen.extend(wait_for(lambda: at_least(2, helper.pid), "the stage command"))
         helper.send_signal(signal.SIGTERM)
-
-    import threading
 
     stopper = threading.Thread(target=stop_when_the_stage_runs)
     stopper.start()
