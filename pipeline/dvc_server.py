@@ -10,7 +10,8 @@ lock, output and exit codes. The helper is single-threaded, so forking it is saf
 own process is not: Prefect runs threads).
 
 Protocol, one JSON object per line: the flow writes `{"argv": [...]}` to the helper's stdin and
-reads `{"rc": <exit code>, "output": "<stdout+stderr>"}` from its stdout. The helper exits at
+reads from its stdout `{"out": "<text>"}` for each piece of the command's output (stdout and
+stderr) as it comes, then `{"rc": <exit code>}`. The helper exits at
 end of input. On SIGTERM/SIGINT it passes the signal to the running command's process group
 (DVC and the stage command it started; SIGKILL after GRACE_S) and exits; it does the same when
 the flow's process dies (its parent changes) during a command.
@@ -22,6 +23,7 @@ the flow's process dies (its parent changes) during a command.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -30,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -71,8 +73,11 @@ def preload() -> None:
             importlib.import_module(name)
 
 
-def run_forked(argv: Sequence[str]) -> tuple[int, str]:
-    """`dvc <argv>` in a forked child; its exit code (negative signal number if killed) and output."""
+def run_forked(argv: Sequence[str], emit: Callable[[str], None]) -> int:
+    """`dvc <argv>` in a forked child; its exit code (negative signal number if killed).
+
+    The command's output goes to `emit` as it arrives.
+    """
     global _child
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -104,7 +109,7 @@ def run_forked(argv: Sequence[str]) -> tuple[int, str]:
         os.setpgid(pid, pid)
     _child = pid
     os.close(write_end)
-    chunks: list[bytes] = []
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
     try:
         while True:
             if not select.select([read_end], [], [], 1.0)[0]:
@@ -112,15 +117,15 @@ def run_forked(argv: Sequence[str]) -> tuple[int, str]:
                     _forward(signal.SIGTERM, None)
                 continue
             chunk = os.read(read_end, 1 << 16)
+            if text := decoder.decode(chunk, final=not chunk):
+                emit(text)
             if not chunk:
                 break
-            chunks.append(chunk)
     finally:
         os.close(read_end)
-    data = b"".join(chunks)
     _, status = os.waitpid(pid, 0)
     _child = 0
-    return os.waitstatus_to_exitcode(status), data.decode("utf-8", errors="replace")
+    return os.waitstatus_to_exitcode(status)
 
 
 def _forward(signum: int, frame: FrameType | None) -> None:
@@ -145,9 +150,12 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
     for line in requests:
         if not line.strip():
             continue
-        argv = json.loads(line)["argv"]
-        rc, output = run_forked(argv)
-        replies.write(json.dumps({"rc": rc, "output": output}) + "\n")
+        def emit(text: str) -> None:
+            replies.write(json.dumps({"out": text}) + "\n")
+            replies.flush()
+
+        rc = run_forked(json.loads(line)["argv"], emit)
+        replies.write(json.dumps({"rc": rc}) + "\n")
         replies.flush()
 
 
@@ -200,21 +208,28 @@ class DvcRunner:
             )
         return self.proc
 
-    def run(self, argv: Sequence[str]) -> tuple[int, str]:
-        """Exit code and output (stdout+stderr) of `dvc <argv>`; DvcServerDied if the helper died meanwhile."""
+    def run(self, argv: Sequence[str], on_output: Callable[[str], None] | None = None) -> tuple[int, str]:
+        """Exit code and output (stdout+stderr) of `dvc <argv>`; DvcServerDied if the helper died meanwhile.
+
+        `on_output` gets the output piece by piece while the command runs.
+        """
         proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
+        parts: list[str] = []
         try:
             proc.stdin.write(json.dumps({"argv": list(argv)}) + "\n")
             proc.stdin.flush()
-            line = proc.stdout.readline()
+            while line := proc.stdout.readline():
+                reply = json.loads(line)
+                if "rc" in reply:
+                    return int(reply["rc"]), "".join(parts)
+                parts.append(reply["out"])
+                if on_output is not None:
+                    on_output(reply["out"])
         except BrokenPipeError:
-            line = ""
-        if not line:
-            raise DvcServerDied(f"the DVC helper process (pipeline.dvc_server in {self.root}) ended ({self._ended(proc)}) "
-                                f"before finishing `dvc {' '.join(argv)}`")
-        reply = json.loads(line)
-        return int(reply["rc"]), str(reply["output"])
+            pass
+        raise DvcServerDied(f"the DVC helper process (pipeline.dvc_server in {self.root}) ended ({self._ended(proc)}) "
+                            f"before finishing `dvc {' '.join(argv)}`")
 
     @staticmethod
     def _ended(proc: subprocess.Popen[str]) -> str:

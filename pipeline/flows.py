@@ -10,7 +10,8 @@ Before the stages run the flow asks DVC once which stages are stale (`dvc status
 DVC reports unchanged, none of whose upstream stages ran in this flow, is shown as an
 `up-to-date` task without starting DVC again (that keeps a no-op run short).
 
-A failed stage fails its task with DVC's output in the task log; every stage downstream of it
+DVC's output goes to the task log while the stage runs (LiveLog). A failed stage fails its
+task with DVC's errors in the task log; every stage downstream of it
 is skipped, `dvc checkout` restores the last good outputs from DVC's cache, and the flow run
 ends Failed. A failed `validate@<dataset>` also publishes its failing expectations (from
 `data/validated/<dataset>.failed.json`) as a markdown artifact.
@@ -35,8 +36,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -172,22 +175,59 @@ def run_stage(
         logger.info("%s: up to date (dvc status: unchanged, nothing upstream ran)", stage)
         return "up-to-date"
     argv = ["repro", "--single-item", stage] + (["--force"] if force else [])
+    live = LiveLog(logger)
     try:
         if dvc is None:
             with DvcRunner(root, tool_env()) as own:
-                rc, output = own.run(argv)
+                rc, output = own.run(argv, live)
         else:
-            rc, output = dvc.run(argv)
+            rc, output = dvc.run(argv, live)
     except DvcServerDied as e:
         rc, output = -1, str(e)
+        logger.error("%s", e)
+    live.flush()
     output = output.strip()
     if rc != 0:
-        logger.error("%s failed:\n%s", stage, output)
+        errors = [line for line in output.splitlines() if line.startswith("ERROR")] or output.splitlines()[-5:]
+        logger.error("%s failed (dvc repro exited %s):\n%s", stage, rc, "\n".join(errors))
         if stage.startswith("validate@"):
             publish_validation_failure(Path(root), stage.split("@", 1)[1])
         raise StageFailed(f"{stage}: dvc repro exited {rc}\n{output[-2000:]}")
-    logger.info("%s", output or "up to date")
+    if not output:
+        logger.info("up to date")
     return outcome(output)
+
+
+class LiveLog:
+    """DVC's output into the task log while the stage runs: each line as it ends, and a progress
+    bar's latest state (tqdm redraws its line with \\r) at most every PROGRESS_EVERY_S seconds."""
+
+    PROGRESS_EVERY_S = 30.0
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self.pending = ""
+        self.last_progress = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self._log(line)
+        if "\r" in self.pending:
+            states = self.pending.split("\r")
+            self.pending = "\r" + states[-1]  # what comes next overwrites the line from its start
+            if time.monotonic() - self.last_progress >= self.PROGRESS_EVERY_S:
+                self.last_progress = time.monotonic()
+                self._log(next((x for x in reversed(states) if x.strip()), ""))
+
+    def flush(self) -> None:
+        self._log(self.pending)
+        self.pending = ""
+
+    def _log(self, line: str) -> None:
+        line = line.rsplit("\r", 1)[-1].rstrip()  # a redrawn line: its final state
+        if line.strip():
+            self.logger.info("%s", line)
 
 
 def publish_validation_failure(root: Path, dataset: str) -> None:

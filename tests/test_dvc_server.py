@@ -33,6 +33,8 @@ stages:
     cmd: python -c "import sys; print('stage says no', file=sys.stderr); sys.exit(3)"
   slow:
     cmd: python -c "import time; time.sleep(60)"
+  chatty:
+    cmd: python -c "import time; print('first', flush=True); time.sleep(2); print('second ☃')"
 """
 
 
@@ -87,6 +89,18 @@ def test_big_output_does_not_block_and_nothing_leaks_into_the_protocol(project: 
         assert output.count("o" * 1000) >= 300 and output.count("e" * 1000) >= 300
         rc, output = dvc.run(["repro", "--single-item", "hello"])  # the protocol is still in step
         assert rc == 0 and "Running stage 'hello'" in output
+
+
+def test_output_arrives_while_the_command_runs(project: Path) -> None:
+    pieces: list[tuple[float, str]] = []
+    with DvcRunner(str(project), project_env()) as dvc:
+        rc, output = dvc.run(["repro", "--single-item", "chatty"], lambda text: pieces.append((time.monotonic(), text)))
+        done = time.monotonic()
+    assert rc == 0
+    assert "".join(text for _, text in pieces) == output  # every piece, in order, nothing else
+    first = next(t for t, text in pieces if "first" in text)
+    assert done - first > 1.5  # seen before the stage's 2 s sleep ended
+    assert "second ☃" in output
 
 
 def test_a_killed_command_fails_and_the_helper_goes_on(project: Path) -> None:

@@ -286,3 +286,36 @@ def test_broken_dataset_fails_at_validate_and_skips_the_rest(first_run, repo):
     # The last good outputs are back (DVC's checkout after the failure).
     assert encoder.read_bytes() == before
     assert (repo / "data/validated/gaussian_shortcut.json").is_file()
+
+
+def test_live_log_streams_lines_and_throttles_progress_bars(monkeypatch):
+    """DVC's output reaches the task log line by line; a tqdm bar's redraws (\\r) at most every 30 s."""
+    from pipeline import flows
+
+    now = [1000.0]
+    monkeypatch.setattr(flows.time, "monotonic", lambda: now[0])
+    logged: list[str] = []
+
+    class Logger:
+        def info(self, fmt: str, *args: object) -> None:
+            logged.append(fmt % args)
+
+    live = flows.LiveLog(Logger())
+    live("Running stage 'train@x':\n> python -m stages.train x\n")
+    live("train: loaded")  # a line split across two pieces: logged once whole
+    assert len(logged) == 2
+    live(" 200 rows\n")
+    assert logged == ["Running stage 'train@x':", "> python -m stages.train x", "train: loaded 200 rows"]
+    for epoch in range(1, 6):  # redraws within 30 s of each other: none logged
+        now[0] += 5
+        live(f"\repoch {epoch}/100")
+    assert logged[-1] == "train: loaded 200 rows"
+    now[0] += 10  # 30 s since the stage began: the bar's latest state
+    live("\repoch 6/100")
+    assert logged[-1] == "epoch 6/100"
+    now[0] += 1
+    live("\repoch 7/100\r" + " " * 20 + "\r")  # tqdm(leave=False) erases its line at the end
+    live("train: wrote data/models/x\n")
+    live("Updating lock file 'dvc.lock'")
+    live.flush()
+    assert logged[-3:] == ["epoch 6/100", "train: wrote data/models/x", "Updating lock file 'dvc.lock'"]
