@@ -182,9 +182,8 @@ def run_stage(
                 rc, output = own.run(argv, live)
         else:
             rc, output = dvc.run(argv, live)
-    except DvcServerDied as e:
+    except DvcServerDied as e:  # logged below with the failure
         rc, output = -1, str(e)
-        logger.error("%s", e)
     live.flush()
     output = output.strip()
     if rc != 0:
