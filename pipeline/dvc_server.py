@@ -146,17 +146,16 @@ def _forward(signum: int, frame: FrameType | None) -> None:
 
 
 def serve(requests: IO[str], replies: IO[str]) -> None:
-    """Answer each request line with one reply line until `requests` ends."""
-    for line in requests:
-        if not line.strip():
-            continue
-        def emit(text: str) -> None:
-            replies.write(json.dumps({"out": text}) + "\n")
-            replies.flush()
+    """For each request line: `{"out": ...}` lines while the command runs, then `{"rc": ...}`."""
 
-        rc = run_forked(json.loads(line)["argv"], emit)
-        replies.write(json.dumps({"rc": rc}) + "\n")
+    def reply(**message: object) -> None:
+        replies.write(json.dumps(message) + "\n")
         replies.flush()
+
+    for line in requests:
+        if line.strip():
+            rc = run_forked(json.loads(line)["argv"], lambda text: reply(out=text))
+            reply(rc=rc)
 
 
 def main() -> int:

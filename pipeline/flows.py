@@ -159,15 +159,15 @@ def check_stage(stage: str, known: Sequence[str]) -> str:
 def run_stage(
     stage: str,
     root: str,
+    dvc: DvcRunner,
     force: bool = False,
     stale: bool = True,
     known: list[str] | None = None,
-    dvc: DvcRunner | None = None,
 ) -> str:
-    """`dvc repro --single-item <stage>` unless DVC already said it is unchanged; the outcome.
+    """`dvc repro --single-item <stage>` through `dvc`, the flow run's DVC helper
+    (pipeline/dvc_server.py), unless DVC already said it is unchanged; the outcome.
 
     `known`: DVC's stage names (read from the project when not given); any other name is refused.
-    `dvc`: the flow run's DVC helper (pipeline/dvc_server.py); without one, a helper for this call.
     """
     check_stage(stage, known if known is not None else stage_graph(Path(root))[0])
     logger = get_run_logger()
@@ -177,11 +177,7 @@ def run_stage(
     argv = ["repro", "--single-item", stage] + (["--force"] if force else [])
     live = LiveLog(logger)
     try:
-        if dvc is None:
-            with DvcRunner(root, tool_env()) as own:
-                rc, output = own.run(argv, live)
-        else:
-            rc, output = dvc.run(argv, live)
+        rc, output = dvc.run(argv, live)
     except DvcServerDied as e:  # logged below with the failure
         rc, output = -1, str(e)
     live.flush()
@@ -409,7 +405,7 @@ def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | Non
             upstream_changed = any(states.get(u) in ("ran", "restored") for u in upstream.get(stage, ()))
             is_stale = stale is None or stage in stale or upstream_changed
             try:
-                states[stage] = run_stage(stage, root, force, is_stale, known=order, dvc=dvc)
+                states[stage] = run_stage(stage, root, dvc, force, is_stale, known=order)
             except StageFailed:
                 states[stage] = "failed"
         create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
