@@ -110,20 +110,30 @@ def run_forked(argv: Sequence[str], emit: Callable[[str], None]) -> int:
     _child = pid
     os.close(write_end)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
+    status: int | None = None
     try:
         while True:
-            if not select.select([read_end], [], [], 1.0)[0]:
-                if os.getppid() != _parent:  # the flow's process died: stop the command too
-                    _forward(signal.SIGTERM, None)
+            if select.select([read_end], [], [], 1.0)[0]:
+                chunk = os.read(read_end, 1 << 16)
+                if text := decoder.decode(chunk, final=not chunk):
+                    emit(text)
+                if not chunk:
+                    break
                 continue
-            chunk = os.read(read_end, 1 << 16)
-            if text := decoder.decode(chunk, final=not chunk):
-                emit(text)
-            if not chunk:
+            if os.getppid() != _parent:  # the flow's process died: stop the command too
+                _forward(signal.SIGTERM, None)
+            if status is not None:  # DVC is gone and a second passed quietly: whatever holds the pipe is not its output
                 break
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                status = None
+            elif os.WIFSIGNALED(status):  # DVC was killed (OOM killer, kill -9): stop the stage command it left
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
     finally:
         os.close(read_end)
-    _, status = os.waitpid(pid, 0)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
     _child = 0
     return os.waitstatus_to_exitcode(status)
 

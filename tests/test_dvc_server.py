@@ -109,15 +109,20 @@ def test_a_killed_command_fails_and_the_helper_goes_on(project: Path) -> None:
         helper = dvc.proc
         assert helper is not None
 
+        seen: list[int] = []
+
         def kill_running_command() -> None:
-            # the helper's first child is the forked `dvc repro`; kill it as the OOM killer would
-            os.kill(wait_for(lambda: at_least(1, helper.pid), "the forked command")[0], signal.SIGKILL)
+            # once the stage runs, kill the forked `dvc repro` (the helper's first child) as the
+            # OOM killer would; not earlier, when SIGKILL could cut DVC's own lock files short
+            seen.extend(wait_for(lambda: at_least(2, helper.pid), "the stage command"))
+            os.kill(seen[0], signal.SIGKILL)
 
         killer = threading.Thread(target=kill_running_command)
         killer.start()
         rc, _ = dvc.run(["repro", "--single-item", "slow"])
         killer.join()
         assert rc == -signal.SIGKILL
+        wait_for(lambda: not any(alive(p) for p in seen), "the orphaned stage command to stop", timeout=15)
         assert dvc.proc is helper and helper.poll() is None
         assert dvc.run(["repro", "--single-item", "hello"])[0] == 0
 
