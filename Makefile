@@ -54,9 +54,11 @@ endif
 inspect: setup
 	@$(PY) -m pipeline.inspect $(or $(ARTIFACT),data)
 
-# Recompose params.yaml from conf/ (what `dvc exp run` does automatically).
+# Recompose params.yaml from conf/ (what `dvc exp run` does automatically), and bring
+# dvc.yaml's code dependencies in step with the stages' imports (stages/dag.py).
 params: setup
 	$(PY) -m stages.config compose
+	$(PY) -m stages.dag
 
 # Prefect UI on http://127.0.0.1:4200 (SQLite under .prefect/), the `shiftlab` work pool, the
 # deployments of prefect.yaml and a worker; `make stop` stops what it started (pid files in .prefect/).

@@ -59,7 +59,8 @@ def erm_model(splits: dict, seed: int = 0):  # noqa: ANN201
     """(model, AdamW, generator) as the erm stage builds them (stages/train.py, fit_classifier)."""
     import torch
 
-    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+    from stages.models.mlp import MLPClassifier
+    from stages.models.nets import MLPEncoder, Standardize
     from stages.runtime import setup_torch
 
     gen = setup_torch(seed)

@@ -227,9 +227,8 @@ class LiveLog:
 
 def publish_validation_failure(root: Path, dataset: str) -> None:
     """The failing expectations of `dataset` in the task log and as a markdown artifact."""
-    from stages.artifacts import validated_path
+    from stages.artifacts import failure_summary, validated_path
     from stages.io import read_json
-    from stages.validate import failure_summary
 
     failed = root / validated_path(dataset).with_suffix(".failed.json")
     if not failed.is_file():  # failed before the suite ran (e.g. a config error): DVC's log says why

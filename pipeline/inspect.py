@@ -1,7 +1,7 @@
 """Explain any artifact under data/ without writing code.
 
     python -m pipeline.inspect PATH [--json] [--rows N]
-    make inspect PATH=data/predictions/gaussian_shortcut/erm/seed=0.parquet
+    make inspect PATH=data/predictions/<dataset>/<model>/seed=0.parquet
 
 - A Parquet file: schema, row count, file metadata (ours and Parquet's own), the first rows,
   per-column summary statistics and its lineage — the DVC stage that wrote it, with that

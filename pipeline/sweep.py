@@ -1,8 +1,8 @@
 """Prefect flow that sweeps a grid of Hydra overrides, one DVC experiment per point, in parallel.
 
     python -m pipeline.sweep --name rho-lr \\
-        --grid dataset.gaussian_shortcut.rho_train=0.5,0.7,0.9,0.99 \\
-        --grid method.erm.lr=0.001,0.01 --grid 'run.seeds=[0],[1]' \\
+        --grid dataset.<name>.rho_train=0.5,0.7,0.9,0.99 \\
+        --grid method.<name>.lr=0.001,0.01 --grid 'run.seeds=[0],[1]' \\
         [--override experiment=tiny ...] [--workers 2] [--dask-address tcp://host:8786]
 
 Each `--grid key=v1,v2,...` entry is one axis (commas inside [...] or quotes do not split);

@@ -5,6 +5,7 @@ See ../shared/DESIGN.md ("Artifact contract"). Keep this file and that table in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,38 @@ def read_prepared(path: str | Path) -> Prepared:
         meta=meta,
         text=np.asarray(table.column("text").to_pylist(), dtype=object) if has_text else None,
     )
+
+
+# ---- the validate stage's report --------------------------------------------------------------
+
+
+def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One human line per failed expectation: name, type, column, observed vs expected."""
+    lines = []
+    for r in records:
+        if r["success"]:
+            continue
+        expected = ", ".join(
+            f"{k}={v}"
+            for k, v in r["kwargs"].items()
+            if k not in ("column", "column_A", "column_B")
+        )
+        if "error" in r:
+            observed = f"error: {r['error']}"
+        elif "unexpected_count" in r:
+            observed = f"{r['unexpected_count']} of {r['element_count']} rows unexpected, e.g. {r['unexpected_examples']} at rows {r['unexpected_rows']}"
+        else:
+            observed = f"observed {r['observed']}"
+        kw = r["kwargs"]
+        target = (
+            f"column {kw['column']}"
+            if "column" in kw
+            else f"columns {kw['column_A']}, {kw['column_B']}"
+            if "column_A" in kw
+            else "table"
+        )
+        lines.append(
+            f"{r['name']} ({r['why']}): {r['type']} ({target}): {observed}"
+            + (f"; expected {expected}" if expected else "")
+        )
+    return lines

@@ -49,7 +49,7 @@ _NAME = re.compile(r"epoch-(\d{6})\.safetensors")
 
 
 def checkpoint_dir(stage: str) -> Path:
-    """scratch/checkpoints/<stage>/ (the DVC stage name, e.g. train@gaussian_shortcut-erm-0)."""
+    """scratch/checkpoints/<stage>/ (the DVC stage name, e.g. train@<dataset>-<method>-<seed>)."""
     if not re.fullmatch(r"[A-Za-z0-9_.@=+-]+", stage):
         raise ValueError(f"stage name {stage!r} is not usable as a folder name")
     return SCRATCH / stage

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from stages.config import DistillConfig, describe, section, stage_main, student_name
-from stages.train import parse_seed
+from stages.cli import parse_seed, stage_main
+from stages.config import section, section_help
+from stages.settings import DistillConfig, student_name
 
 if TYPE_CHECKING:
     from stages.artifacts import Prepared
     from stages.models import Classifier
-    from stages.models.nets import MLPClassifier
+    from stages.models.mlp import MLPClassifier
     from stages.models.training import FitResult
 
 
@@ -41,14 +42,15 @@ def distill(
     """Train a student on `teacher`'s train-split logits; returns (student with the selected weights, FitResult)."""
     import torch
 
-    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+    from stages.models.mlp import MLPClassifier
+    from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import FitOptions, distillation_loss, fit_classifier, split_data
     from stages.runtime import setup_torch
 
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
-    # A teacher whose `input` is "text" (byte-level autoregressive) scores the train split's text.
+    # A teacher whose `input` is "text" (e.g. a byte-level likelihood model) scores the train split's text.
     text_input = getattr(teacher, "input", "x") == "text"
     teacher_logits = np.asarray(teacher.logits(prepared.subset("train").text if text_input else train.x.numpy()))
     if teacher_logits.shape != (len(train), prepared.n_classes) or not np.isfinite(teacher_logits).all():
@@ -109,7 +111,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return stage_main("distill", __doc__, ["dataset", "teacher", "seed"], lambda: describe(DistillConfig, "distill"), run, argv)
+    return stage_main("distill", __doc__, ["dataset", "teacher", "seed"], section_help("distill", DistillConfig), run, argv)
 
 
 if __name__ == "__main__":

@@ -30,16 +30,17 @@ from stages.artifacts import (
     prepared_path,
     read_prepared,
 )
-from stages.config import EvaluateConfig, describe, section, stage_main, student_name
+from stages.cli import stage_main
+from stages.config import section, section_help
 from stages.io import ArtifactError, numpy_to_fixed_list, read_json, write_json, write_parquet
 from stages.metrics import group_proportions, predictions, split_metrics
-from stages.shift import reweighted_curve, shift_axis
+from stages.settings import STUDENT_SUFFIX, EvaluateConfig
+from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
 
 # Splits whose reliability curve is plotted: the two test distributions being compared.
 PLOTTED_SPLITS = ("test_id", "test_ood")
 # The shift curve pools both test splits (see stages/shift.py).
 POOLED_SPLITS = ("test_id", "test_ood")
-STUDENT_SUFFIX = student_name("")
 # Bootstrap streams: [bootstrap_seed, index]; splits use their SPLITS index, the shift curve this.
 SHIFT_STREAM = len(SPLITS)
 LOGLIK_COLUMN = "loglik"
@@ -194,7 +195,7 @@ def evaluate_predictions(
         if r["n"]
     ]
     group_rows = [{key: v for key, v in r.items() if key != "pred"} for r in group_rows]
-    shift_rows = [{"route": "reweight", **r} for r in curve]
+    shift_rows = [{"route": REWEIGHT_ROUTE, **r} for r in curve]
     return table, metrics, {"reliability": reliability_rows, "groups": group_rows, "shift_curve": shift_rows}
 
 
@@ -290,32 +291,38 @@ def model_info(model_path: Path) -> dict[str, Any]:
 def regenerated_shift(
     prepared: Prepared, classifier: Any, reweighted: list[dict[str, Any]], cfg: EvaluateConfig
 ) -> list[dict[str, Any]]:
-    """The regenerate route's plot rows for a `gaussian_shortcut` dataset (else none).
+    """The regenerate route's plot rows for a dataset whose kind registers a `regenerate`
+    route (stages/registry.py; else none).
 
-    Uses the generator config stored in the prepared file's metadata and the reweighted
-    curve's agreement rates, so both routes share one x axis.
+    Rebuilds the generator config from the prepared file's `params` metadata with the kind's
+    own schema, and uses the reweighted curve's agreement rates, so both routes share one x axis.
     """
-    if prepared.meta.get("kind") != "gaussian_shortcut" or cfg.shift_regenerate_n == 0:
+    if cfg.shift_regenerate_n == 0:
         return []
-    from stages.config import GaussianShortcutConfig
+    from stages import registry
     from stages.shift import regenerated_curve
 
+    kind = prepared.meta.get("kind")
+    spec = registry.find_dataset(kind) if isinstance(kind, str) else None
+    if spec is None or spec.regenerate is None:
+        return []
     params = prepared.meta.get("params")
     if not isinstance(params, dict):
-        raise ArtifactError("prepared gaussian_shortcut file lacks its generator 'params' metadata")
+        raise ArtifactError(f"prepared file of kind '{kind}' lacks its generator 'params' metadata")
     try:
-        gen_cfg = GaussianShortcutConfig(**params)
+        gen_cfg = spec.schema(**params)
     except TypeError as e:
-        raise ArtifactError(f"prepared gaussian_shortcut file: generator params do not fit the schema ({e})") from e
+        raise ArtifactError(f"prepared file of kind '{kind}': generator params do not fit the schema ({e})") from e
     rows = regenerated_curve(
         gen_cfg,
         lambda x: classifier.logits(x, batch_size=cfg.batch_size),
         [r["rho"] for r in reweighted],
         cfg.shift_regenerate_n,
+        prepared.n_attrs,
     )
     return [
         {
-            "route": "regenerate",
+            "route": REGENERATE_ROUTE,
             "t": reweighted[r["step"]]["t"],
             **r,
             **dict.fromkeys(("acc_lo", "acc_hi", "worst_group_acc_lo", "worst_group_acc_hi")),
@@ -339,13 +346,13 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     from stages.models import load_model  # torch is imported only here
     from stages.runtime import setup_torch
 
-    setup_torch(seed_int)  # stochastic scorers (diffusion) draw from the seeded RNG
+    setup_torch(seed_int)  # stochastic scorers (noise draws) use the seeded RNG
     classifier = load_model(mdir)
     if classifier.n_classes != prepared.n_classes:
         raise ArtifactError(
             f"{mdir}: model has {classifier.n_classes} classes, {prepared_file} has {prepared.n_classes}"
         )
-    # A model whose `input` is "text" (autoregressive over bytes) scores the prepared `text` column.
+    # A model whose `input` is "text" (e.g. a byte-level likelihood model) scores the prepared `text` column.
     text_input = getattr(classifier, "input", "x") == "text"
     if text_input and prepared.text is None:
         raise ArtifactError(f"{mdir}: model scores text but {prepared_file} has no text column")
@@ -392,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "evaluate",
         __doc__,
         ["dataset", "model", "seed"],
-        lambda: describe(EvaluateConfig, "evaluate"),
+        section_help("evaluate", EvaluateConfig),
         run,
         argv,
     )

@@ -1,13 +1,14 @@
-"""Stage `prepare@<dataset>`: generate a dataset and write data/prepared/<dataset>.parquet.
+"""Stage `prepare@<dataset>`: generate or load a dataset and write data/prepared/<dataset>.parquet.
 
-    python -m stages.prepare gaussian_shortcut [dataset.gaussian_shortcut.rho_train=0.9 ...]
+    python -m stages.prepare <dataset> [dataset.<dataset>.rho_train=0.9 ...]
 
-Reads `dataset.<dataset>` from params.yaml, runs the generator its `kind` names
-(stages/datasets/), checks that every group appears in val, test_id and test_ood, and
-writes one row per example (id, split, y, a, g, x) with the generator's parameters in the
-file metadata. Same params => byte-identical file. Real benchmarks (`LOADERS` in
-stages/datasets/: waterbirds, celeba, camelyon17, civilcomments) read data/raw/<dataset>/
-instead and stream the file in row groups. See docs/datasets.md.
+Reads `dataset.<dataset>` from params.yaml and looks up its `kind` in the registry
+(stages/registry.py; one module per kind under stages/datasets/). A generated dataset's
+`generate(cfg)` returns its columns in memory: this stage checks that every group appears in
+val, test_id and test_ood and writes one row per example (id, split, y, a, g, x[, text]) with
+the generator's parameters in the file metadata. Same params => byte-identical file. A real
+benchmark's `load(dataset, cfg, out_path)` reads data/raw/<dataset>/ instead and streams the
+file in row groups itself. See docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -17,54 +18,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from stages import artifacts, io
+from stages import artifacts, io, registry
 from stages.artifacts import SPLITS
-from stages.config import (
-    DATASET_SCHEMAS,
-    ConfigError,
-    dataset_config,
-    describe,
-    stage_main,
-)
-
-HELD_OUT_SPLITS = ("val", "test_id", "test_ood")
-
-
-def group_ids(y: np.ndarray, a: np.ndarray, n_attrs: int) -> np.ndarray:
-    """Group of each example: g = y·n_attrs + a."""
-    return (np.asarray(y, dtype=np.int64) * n_attrs + np.asarray(a, dtype=np.int64)).astype(
-        np.int64
-    )
-
-
-def check_groups(
-    dataset: str,
-    split: np.ndarray,
-    y: np.ndarray,
-    a: np.ndarray,
-    n_classes: int,
-    n_attrs: int,
-    split_groups: dict[str, list[int]] | None = None,
-) -> None:
-    """Raise ConfigError naming the split and group if any (y, a) group is absent from a held-out split.
-
-    `split_groups` (metadata of domain-shift datasets) lists the groups each split can hold;
-    by default every split must hold every group.
-    """
-    for name in HELD_OUT_SPLITS:
-        in_split = split == name
-        for yy in range(n_classes):
-            for aa in range(n_attrs):
-                if split_groups is not None and yy * n_attrs + aa not in split_groups[name]:
-                    continue
-                if not np.any(in_split & (y == yy) & (a == aa)):
-                    raise ConfigError(
-                        f"dataset.{dataset}: split '{name}' has no example of group g={yy * n_attrs + aa} "
-                        f"(y={yy}, a={aa}); use a larger split or a rho strictly between 0 and 1 "
-                        f"(rho_train for val/test_id, rho_ood for test_ood)"
-                    )
+from stages.cli import stage_main
+from stages.config import dataset_config, describe_section, help_params
+from stages.datasets import check_groups, group_ids
 
 
 def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
@@ -86,9 +46,10 @@ def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
 
 def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
     """Generate dataset `dataset` from its validated config: (table, file metadata)."""
-    from stages.datasets import GENERATORS
-
-    columns, meta = GENERATORS[cfg.kind](cfg)
+    spec = registry.dataset(cfg.kind)
+    if spec.generate is None:
+        raise io.ArtifactError(f"dataset.{dataset}: kind '{cfg.kind}' is loaded from data/raw/, not generated")
+    columns, meta = spec.generate(cfg)
     if "text" in columns:
         meta = {**meta, "text": True}
     check_groups(
@@ -108,11 +69,10 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
 
 def run(params: DictConfig, dataset: str) -> str:
     """Write data/prepared/<dataset>.parquet; returns the summary line."""
-    from stages.datasets import LOADERS
-
     cfg = dataset_config(params, dataset)
-    if cfg.kind in LOADERS:  # real benchmarks: read data/raw/, stream the file in row groups
-        return LOADERS[cfg.kind](dataset, cfg, artifacts.prepared_path(dataset))
+    spec = registry.dataset(cfg.kind)
+    if spec.load is not None:  # real benchmarks: read data/raw/, stream the file in row groups
+        return spec.load(dataset, cfg, artifacts.prepared_path(dataset))
     table, meta = prepare(dataset, cfg)
     dim = int(np.prod(meta["shape"]))
     path = io.write_parquet(
@@ -125,9 +85,22 @@ def run(params: DictConfig, dataset: str) -> str:
 
 
 def _help() -> str:
-    return "\n\n".join(
-        describe(s, "dataset.<dataset>") for s in DATASET_SCHEMAS.values()
-    )
+    """Every dataset section of params.yaml (schema chosen by its kind), then the kinds without one."""
+    params = help_params()
+    sections = OmegaConf.select(params, "dataset") if params is not None else None
+    names = list(sections or {})
+    parts, used = [], set()
+    for name in names:
+        kind = OmegaConf.select(params, f"dataset.{name}.kind")
+        spec = registry.find_dataset(kind) if isinstance(kind, str) else None
+        if spec is None:  # an unknown kind is reported when the stage runs
+            continue
+        used.add(kind)
+        parts.append(describe_section(params, f"dataset.{name}", spec.schema))
+    unused = [k for k in registry.datasets() if k not in used]
+    if unused:
+        parts.append("kinds with no section in params.yaml: " + ", ".join(unused))
+    return "\n\n".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

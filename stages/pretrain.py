@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from stages.config import PretrainConfig, describe, section, stage_main
+from stages.cli import stage_main
+from stages.config import section, section_help
+from stages.settings import PretrainConfig
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +114,7 @@ def run(params: DictConfig, dataset: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return stage_main("pretrain", __doc__, ["dataset"], lambda: describe(PretrainConfig, "pretrain"), run, argv)
+    return stage_main("pretrain", __doc__, ["dataset"], section_help("pretrain", PretrainConfig), run, argv)
 
 
 if __name__ == "__main__":

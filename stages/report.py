@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stages import figures
+from stages import figures, registry
 from stages.artifacts import (
     LEADERBOARD_SCHEMA,
     REPORTS,
@@ -34,7 +34,8 @@ from stages.artifacts import (
     predictions_path,
     predictions_schema,
 )
-from stages.config import EvaluateConfig, RunConfig, describe, section, stage_main
+from stages.cli import stage_main
+from stages.config import defaults, section, section_help
 from stages.io import (
     ArtifactError,
     fixed_list_to_numpy,
@@ -54,10 +55,9 @@ from stages.metrics import (
     reliability,
     softmax,
 )
-from stages.shift import reweighted_curve, shift_axis
+from stages.settings import STUDENT_SUFFIX, EvaluateConfig, RunConfig
+from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
 
-# Method kinds that classify with a class-conditional generative model.
-GENERATIVE_KINDS = frozenset({"lda", "qda", "diffusion", "autoregressive"})
 METRIC_KEYS = ("acc", "worst_group_acc", "avg_acc_weighted", "balanced_acc", "ece", "nll", "brier")
 # Metrics that may legitimately be null (see docs/metrics.md); the leaderboard stores NaN.
 NULLABLE = frozenset({"avg_acc_weighted"})
@@ -68,10 +68,11 @@ def model_type(info: dict[str, Any]) -> str:
     kind = info.get("kind")
     if kind is None:
         return "?"
-    if kind in GENERATIVE_KINDS:
-        return "generative"
     teacher = info.get("teacher")
-    return f"discriminative (student of {teacher})" if teacher else "discriminative"
+    if teacher:  # a distilled student is an MLP
+        return f"discriminative (student of {teacher})"
+    spec = registry.find_method(kind)
+    return "generative" if spec is not None and spec.generative else "discriminative"
 
 
 def evaluate_stage(dataset: str, model: str, seed: int) -> str:
@@ -154,7 +155,6 @@ def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
 # Bootstrap streams of the report: [bootstrap_seed, REPORT_STREAM + k], apart from evaluate's.
 REPORT_STREAM = 100
 PHASE_PATH = Path("data/phase/phase.json")
-STUDENT_SUFFIX = "_student"
 
 
 @dataclass
@@ -189,7 +189,7 @@ def load_run_data(dataset: str, model: str, seed: int, n_classes: int) -> RunDat
         a=t.column("a").to_numpy(),
         g=t.column("g").to_numpy(),
         logits=fixed_list_to_numpy(t.column("logits")),
-        regenerate=[r for r in rows if isinstance(r, dict) and r.get("route") == "regenerate"],
+        regenerate=[r for r in rows if isinstance(r, dict) and r.get("route") == REGENERATE_ROUTE],
     )
 
 
@@ -476,8 +476,8 @@ def dataset_figures(dataset: str, summaries: list[ModelSummary], n_attrs: int) -
             if s.regenerate:
                 acc_series.append({"label": f"{s.model} (regenerated)", "x": [r["rho"] for r in s.regenerate],
                                    "y": [r["acc"] for r in s.regenerate], "color": figures.color(i), "markers_only": True, "legend": False})
-            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": "reweight", **r} for r in s.shift_rows]
-            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": "regenerate", **r} for r in s.regenerate]
+            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": REWEIGHT_ROUTE, **r} for r in s.shift_rows]
+            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": REGENERATE_ROUTE, **r} for r in s.regenerate]
         regen = " Hollow circles: fresh data drawn from the generator at each agreement rate (the regenerate route)." if any(s.regenerate for s in summaries) else ""
         figs.append(
             (
@@ -548,6 +548,12 @@ def dataset_figures(dataset: str, summaries: list[ModelSummary], n_attrs: int) -
     return [f for f in figs if f[2]], rows
 
 
+def phase_wins(cells: list[dict[str, Any]]) -> tuple[int, int]:
+    """(cells the generative classifier wins, cells the discriminative one wins): the sign of
+    `diff` = generative − discriminative worst-group OOD accuracy."""
+    return sum(c["diff"] > 0 for c in cells), sum(c["diff"] < 0 for c in cells)
+
+
 def phase_figures(cells: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """One heatmap per panel of the phase diagram."""
     figs = []
@@ -557,13 +563,13 @@ def phase_figures(cells: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         ys = sorted({c["y"] for c in mine})
         values = {(c["x"], c["y"]): c["diff"] for c in mine}
         xk, yk = mine[0]["x_knob"], mine[0]["y_knob"]
-        lda = sum(c["winner"] == "lda" for c in mine)
-        erm = sum(c["winner"] == "erm" for c in mine)
+        gen, disc = phase_wins(mine)
         figs.append(
             (
                 f"phase-{panel}",
-                f"Worst-group OOD accuracy of lda minus erm (logistic regression), seed mean, over {xk} × {yk}. "
-                f"Blue: the generative classifier wins ({lda} cells); red: the discriminative one wins ({erm} cells).",
+                f"Worst-group OOD accuracy of the Gaussian generative classifier (LDA) minus logistic regression, "
+                f"seed mean, over {xk} × {yk}. "
+                f"Blue: the generative classifier wins ({gen} cells); red: the discriminative one wins ({disc} cells).",
                 figures.heatmap(xs, ys, values, f"phase diagram: {xk} × {yk}", xk, yk),
             )
         )
@@ -667,7 +673,7 @@ def build_report(
     Datasets and models appear in the order they first appear in `metrics` (run() passes the
     `run` section's order); the leaderboard is sorted.
     """
-    boot = boot or EvaluateConfig()
+    boot = boot or defaults("evaluate", "default")
     seen: set[tuple[str, str, int]] = set()
     for m in metrics:
         key = (m["dataset"], m["model"], int(m["seed"]))
@@ -725,13 +731,12 @@ def build_report(
         ]
     if phase:
         figs = phase_figures(phase)
-        lda = sum(c["winner"] == "lda" for c in phase)
-        erm = sum(c["winner"] == "erm" for c in phase)
+        gen, disc = phase_wins(phase)
         text = (
-            f"Phase diagram (experiment=toy_phase_diagram, gaussian_shortcut): over {len(phase)} cells the "
-            f"generative lda has the higher worst-group OOD accuracy in {lda} and the discriminative erm "
-            f"(logistic regression) in {erm}"
-            + (" — neither wins everywhere." if lda and erm else ".")
+            f"Phase diagram (experiment=toy_phase_diagram): over {len(phase)} cells the generative "
+            f"Gaussian classifier (LDA) has the higher worst-group OOD accuracy in {gen} and the discriminative "
+            f"logistic regression in {disc}"
+            + (" — neither wins everywhere." if gen and disc else ".")
         )
         md += ["## Phase diagram: generative vs discriminative", "", text, ""]
         html += ["<h2>Phase diagram: generative vs discriminative</h2>", f"<p>{_md_inline(text)}</p>", _html_figures(figs)]
@@ -790,7 +795,7 @@ def run(params: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main("report", __doc__, [], lambda: describe(RunConfig, "run"), run, argv)
+    return stage_main("report", __doc__, [], section_help("run", RunConfig), run, argv)
 
 
 if __name__ == "__main__":

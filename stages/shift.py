@@ -17,8 +17,9 @@ A single `test_ood` number is one point of a curve. This module draws the curve 
   (what `test_id` estimates); at t = 1 it is the prior-weighted accuracy on the examples
   whose attribute disagrees with the label. Intervals: percentile bootstrap over the pooled
   examples (seeded), every step scored on the same resamples.
-- **regenerate** (`gaussian_shortcut` only): fresh examples are drawn from the dataset's own
-  generator at each step's agreement rate and scored by the model.
+- **regenerate** (a generated dataset whose kind registers a `regenerate` route,
+  stages/registry.py): fresh examples are drawn from the dataset's own generator at each
+  step's agreement rate and scored by the model.
 
 Both estimate the same population curve; tests/test_shift.py checks that they agree.
 Group accuracies do not change along the axis — only their mix does — so worst-group
@@ -37,6 +38,11 @@ from stages.metrics import bootstrap_indices, group_accuracy_rows, percentile_in
 
 # Stream index of the regenerate route's draws, kept apart from the generator's split streams.
 REGENERATE_STREAM = 1000
+
+# The two routes' names in evaluate's plot rows and the report. (The first shares its word
+# with the `reweight` method kind; the route reweights test examples, not training losses.)
+REWEIGHT_ROUTE = "reweight"
+REGENERATE_ROUTE = "regenerate"
 
 
 def agrees(y: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -234,23 +240,27 @@ def regenerated_curve(
     logits_fn: Callable[[np.ndarray], np.ndarray],
     rhos: Sequence[float],
     n: int,
+    n_attrs: int = 2,
 ) -> list[dict[str, Any]]:
-    """The regenerate route for `gaussian_shortcut`: n fresh examples per agreement rate.
+    """The regenerate route: n fresh examples per agreement rate from generator config `cfg`.
 
-    Step k draws from `default_rng([cfg.seed, REGENERATE_STREAM, k])` with the dataset's own
-    `sample_split`, so the draws are reproducible and independent of the stored splits.
-    Returns one row per step {step, rho, n, acc, worst_group_acc} (worst group over the
-    groups present in the draw).
+    The draws come from the `regenerate(cfg, n, rho, rng) -> (y, a, x)` route that `cfg.kind`
+    registered (stages/registry.py); step k uses `default_rng([cfg.seed, REGENERATE_STREAM, k])`,
+    so the draws are reproducible and independent of the stored splits. Returns one row per
+    step {step, rho, n, acc, worst_group_acc} (worst group over the groups present in the draw).
     """
-    from stages.datasets.gaussian_shortcut import sample_split
+    from stages import registry
 
+    regenerate = registry.dataset(cfg.kind).regenerate
+    if regenerate is None:
+        raise ValueError(f"dataset kind '{cfg.kind}' has no regenerate route (use the reweight route)")
     rows = []
     for k, rho in enumerate(rhos):
-        y, a, x = sample_split(cfg, n, float(rho), np.random.default_rng([cfg.seed, REGENERATE_STREAM, k]))
+        y, a, x = regenerate(cfg, n, float(rho), np.random.default_rng([cfg.seed, REGENERATE_STREAM, k]))
         logits = np.asarray(logits_fn(x))
         correct = logits.argmax(axis=1) == y
-        g = y * 2 + a
-        counts, gacc = group_accuracy_rows(correct[None], g[None], 4)
+        n_groups = logits.shape[1] * n_attrs
+        counts, gacc = group_accuracy_rows(correct[None], (y * n_attrs + a)[None], n_groups)
         wga = float(np.where(counts[0] > 0, gacc[0], np.inf).min())
         rows.append({"step": k, "rho": float(rho), "n": int(n), "acc": float(correct.mean()), "worst_group_acc": wga})
     return rows

@@ -51,8 +51,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stages.artifacts import SPLITS, data_docs_dir, prepared_path, validated_path
-from stages.config import ValidateConfig, describe, section, stage_main
+from stages.artifacts import SPLITS, data_docs_dir, failure_summary, prepared_path, validated_path
+from stages.cli import stage_main
+from stages.config import section, section_help
 from stages.io import (
     ArtifactError,
     iter_parquet_batches,
@@ -63,6 +64,7 @@ from stages.io import (
     temp_prefix,
     write_json,
 )
+from stages.settings import ValidateConfig
 
 CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
 INT_COLUMNS = ("id", "y", "a", "g")
@@ -559,38 +561,6 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One human line per failed expectation: name, type, column, observed vs expected."""
-    lines = []
-    for r in records:
-        if r["success"]:
-            continue
-        expected = ", ".join(
-            f"{k}={v}"
-            for k, v in r["kwargs"].items()
-            if k not in ("column", "column_A", "column_B")
-        )
-        if "error" in r:
-            observed = f"error: {r['error']}"
-        elif "unexpected_count" in r:
-            observed = f"{r['unexpected_count']} of {r['element_count']} rows unexpected, e.g. {r['unexpected_examples']} at rows {r['unexpected_rows']}"
-        else:
-            observed = f"observed {r['observed']}"
-        kw = r["kwargs"]
-        target = (
-            f"column {kw['column']}"
-            if "column" in kw
-            else f"columns {kw['column_A']}, {kw['column_B']}"
-            if "column_A" in kw
-            else "table"
-        )
-        lines.append(
-            f"{r['name']} ({r['why']}): {r['type']} ({target}): {observed}"
-            + (f"; expected {expected}" if expected else "")
-        )
-    return lines
-
-
 # ---- stage ----------------------------------------------------------------------------------------
 
 
@@ -666,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "validate",
         __doc__ or "",
         ["dataset"],
-        lambda: describe(ValidateConfig, "validate"),
+        section_help("validate", ValidateConfig),
         run,
         argv,
     )

@@ -208,7 +208,8 @@ def other_architecture() -> None:
     """Weights of a 16-wide MLP under metadata that declares the trained 8-wide one."""
     import torch
 
-    from stages.models.nets import MLPClassifier, MLPEncoder
+    from stages.models.mlp import MLPClassifier
+    from stages.models.nets import MLPEncoder
 
     meta = {"kind": "mlp", "in_dim": 4, "hidden": [8], "n_classes": 2}
     save_weights(MLPClassifier(MLPEncoder(4, [16]), 2).state_dict(), M, meta)

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stages import config
+from stages import config, registry
 from stages.config import ConfigError, check_all, load_params, method_config, section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +80,8 @@ def test_unknown_method_names_known_ones(params):
 
 
 def test_section_returns_typed_dataclass(params):
-    cfg = section(params, "method.erm", config.ErmConfig)
-    assert isinstance(cfg, config.ErmConfig) and isinstance(cfg.lr, float) and cfg.hidden == [64]
+    cfg = section(params, "method.erm", registry.method("erm").schema)
+    assert isinstance(cfg, registry.method("erm").schema) and isinstance(cfg.lr, float) and cfg.hidden == [64]
 
 
 def test_missing_params_file_says_how_to_make_it(tmp_path):
@@ -99,7 +99,9 @@ def test_cli_check_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_describe_lists_every_key():
-    text = config.describe(config.GaussianShortcutConfig, "dataset.gaussian_shortcut")
+    params = load_params()
+    schema = registry.dataset("gaussian_shortcut").schema
+    text = config.describe_section(params, "dataset.gaussian_shortcut", schema)
     for name in ("rho_train", "rho_ood", "sigma", "spurious_scale", "d_noise", "n_train"):
         assert f"dataset.gaussian_shortcut.{name}" in text
 

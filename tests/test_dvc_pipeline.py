@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc")]
 
 DATASETS = ["gaussian_shortcut", "colored_digits"]
-# The models the tiny experiment evaluates (a representative subset of the default run).
-MODELS = yaml.safe_load((ROOT / "conf" / "experiment" / "tiny.yaml").read_text())["run"]["models"]
+# The models the tiny experiment evaluates (a representative subset of the default run):
+# its methods and the students of its teachers.
+TINY_RUN = yaml.safe_load((ROOT / "conf" / "experiment" / "tiny.yaml").read_text())["run"]
+MODELS = TINY_RUN["methods"] + [f"{t}_student" for t in TINY_RUN["teachers"]]
 
 
 
@@ -152,6 +154,62 @@ def test_repro_is_a_no_op_then_forced_repro_is_byte_identical(repo):
     after = lock_hashes(repo)
     changed = {p for p in before if before[p] != after.get(p)}
     assert not changed, f"outputs differ between two forced runs: {sorted(changed)}"
+
+
+def stale_stages(repo: Path) -> set[str]:
+    return set(json.loads(sh("dvc", "status", "--json", cwd=repo).stdout))
+
+
+def test_editing_code_makes_stale_exactly_the_stages_that_run_it(repo):
+    """dvc.yaml's code deps are each stage's imports: a method's module only its own stages."""
+    from stages.dag import closure
+
+    assert not stale_stages(repo)
+    module = repo / "stages/models/diffusion.py"
+    original = module.read_text()
+    module.write_text(original + "\n# edited\n")
+    try:
+        stale = stale_stages(repo)
+    finally:
+        module.write_text(original)
+    # the report asks every model's module whether it is generative, so it depends on all of stages/models
+    expected = {f"{stage}@{ds}-diffusion-0" for stage in ("train", "evaluate") for ds in DATASETS} | {"report"}
+    assert stale == expected, stale
+
+    shared = repo / "stages/runtime.py"
+    original = shared.read_text()
+    shared.write_text(original + "\n# edited\n")
+    try:
+        stale = stale_stages(repo)
+    finally:
+        shared.write_text(original)
+    entry = {s: closure([repo / f"stages/{s.split('@')[0]}.py"], repo) for s in stale}
+    assert {"train@gaussian_shortcut-erm-0", "evaluate@colored_digits-lda_student-0", "pretrain@gaussian_shortcut"} <= stale
+    # every stale stage imports it (its entrypoint, or its kind's module through the registry)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    for name in stale:
+        assert "stages/runtime.py" in {d["path"] for d in lock[name]["deps"]}, (name, entry[name])
+    for name, st in lock.items():
+        if "stages/runtime.py" in {d["path"] for d in st.get("deps", [])}:
+            assert name in stale, name
+    assert not stale_stages(repo)
+
+
+def test_every_module_a_stage_imports_is_one_of_its_dvc_deps(repo, tmp_path):
+    """The static closure (stages/dag.py) covers what the stage really imports when it runs."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    names = ["prepare@colored_digits", "validate@gaussian_shortcut", "pretrain@gaussian_shortcut",
+             "train@gaussian_shortcut-erm-0", "train@colored_digits-diffusion-0", "distill@gaussian_shortcut-lda-0",
+             "evaluate@colored_digits-lda_student-0", "evaluate@gaussian_shortcut-diffusion-0", "phase", "report"]
+    for name in names:
+        log = tmp_path / f"{name}.txt"
+        env = {**project_env(), "SHIFTLAB_IMPORTS": str(log)}
+        subprocess.run(lock[name]["cmd"], shell=True, cwd=repo, env=env, check=True, capture_output=True, timeout=600)
+        deps = {d["path"] for d in lock[name]["deps"]}
+        imported = set(log.read_text().split())
+        uncovered = {f for f in imported - deps if not any(f.startswith(d + "/") for d in deps)}
+        assert imported and not uncovered, (name, sorted(uncovered))
+    assert not stale_stages(repo)  # the commands rewrote identical outputs
 
 
 def test_exp_run_with_a_method_override_reruns_only_that_method(repo):

@@ -11,7 +11,7 @@ import torch
 
 from stages import evaluate, train
 from stages.artifacts import Prepared, model_dir, predictions_path, read_prepared
-from stages.config import ConfigError, DiffusionConfig, load_params, method_config
+from stages.config import ConfigError, defaults, load_params, method_config
 from stages.io import read_json
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
 from stages.models.autoregressive import (
@@ -21,7 +21,7 @@ from stages.models.autoregressive import (
     train_autoregressive,
 )
 from stages.models.diffusion import DiffusionClassifier, draw_noise, stratum_order, train_diffusion
-from stages.models.lda import fit_qda
+from stages.models.qda import fit_qda
 from stages.runtime import setup_torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,10 +145,9 @@ def test_autoregressive_learns_shortcut_text_from_bytes_and_round_trips(tmp_path
     model records tokenizer and max_len, and declares input == "text" for evaluate."""
     from stages import io
     from stages.artifacts import prepared_schema_for
-    from stages.config import ShortcutTextConfig
     from stages.prepare import prepare
 
-    table, meta = prepare("shortcut_text", ShortcutTextConfig(n_train=800, n_val=60, n_test_id=100, n_test_ood=60))
+    table, meta = prepare("shortcut_text", defaults("dataset", "shortcut_text", n_train=800, n_val=60, n_test_id=100, n_test_ood=60))
     io.write_parquet(table, tmp_path / "t.parquet", prepared_schema_for(meta), meta)
     prepared = read_prepared(tmp_path / "t.parquet")
     assert prepared.text is not None
@@ -316,7 +315,7 @@ def test_pruning_more_classes_than_the_data_has_fails_before_training(tmp_path, 
     assert train.main(["gaussian_shortcut", "diffusion", "0", "method.diffusion.prune_keep=2", *params]) == 2
     err = capsys.readouterr().err
     assert "method.diffusion.prune_keep" in err and "n_classes (2)" in err and not called
-    cfg = DiffusionConfig(prune_keep=1)
+    cfg = defaults("method", "diffusion", prune_keep=1)
     cfg.check_data("method.diffusion", 2)  # keeping 1 of 2 is allowed
 
 

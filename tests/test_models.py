@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal, norm
 
-from stages.config import ColoredDigitsConfig, GaussianShortcutConfig
+from stages.config import defaults
 from stages.datasets import colored_digits
 from stages.datasets import gaussian_shortcut as gaussian_shortcut_data
 from stages.io import ArtifactError, load_weights, save_weights
@@ -25,11 +25,12 @@ from stages.models import (
     save_encoder,
     save_model,
 )
+from stages.models.groupdro import GroupDROLoss
 from stages.models.lda import LDAClassifier, fit_lda
-from stages.models.nets import DenoisingAutoencoder, MLPClassifier, MLPEncoder, Standardize
+from stages.models.mlp import MLPClassifier
+from stages.models.nets import DenoisingAutoencoder, MLPEncoder, Standardize
 from stages.models.training import (
     FitOptions,
-    GroupDROLoss,
     SplitData,
     cross_entropy,
     distillation_loss,
@@ -161,7 +162,7 @@ def test_distillation_loss_vanishes_when_the_student_copies_the_teacher():
 
 
 def test_groupdro_beats_erm_on_worst_group_of_colored_digits():
-    cfg = ColoredDigitsConfig()  # the real generator at its defaults: colour cue, rho_train 0.95, reversed test_ood
+    cfg = defaults("dataset", "colored_digits")  # the real generator at its defaults: colour cue, rho_train 0.95, reversed test_ood
     assert cfg.rho_train == 0.95
     columns, meta = colored_digits.generate(cfg)
     splits = generated_splits(columns, meta["n_attrs"])
@@ -184,8 +185,8 @@ def group_accuracy(w: np.ndarray, bias: float, y_pm: int, mu_g: np.ndarray, cov_
 def test_lda_matches_closed_form_population_worst_group_accuracy():
     # The real generator: 100k train examples at rho 0.95, and a test_ood split at rho 0.5 so
     # that all four groups are equally large (every group's accuracy is measured precisely).
-    cfg = GaussianShortcutConfig(spurious_noise=0.5, d_noise=3, n_train=100_000, n_val=8, n_test_id=8,
-                                 n_test_ood=200_000, rho_train=0.95, rho_ood=0.5)
+    cfg = defaults("dataset", "gaussian_shortcut", spurious_noise=0.5, d_noise=3, n_train=100_000, n_val=8,
+                   n_test_id=8, n_test_ood=200_000, rho_train=0.95, rho_ood=0.5)
     columns, meta = gaussian_shortcut_data.generate(cfg)
     splits = generated_splits(columns, meta["n_attrs"])
     train, test = splits["train"], splits["test_ood"]

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stages import artifacts, io
+from stages import artifacts, io, registry
 from stages.artifacts import SPLITS
-from stages.config import ColoredDigitsConfig, GaussianShortcutConfig
-from stages.datasets import GENERATORS, agreement_counts, colored_digits, gaussian_shortcut
+from stages.config import defaults
+from stages.datasets import agreement_counts, colored_digits, gaussian_shortcut
 from stages.prepare import main, prepare
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ SMALL = [
     f"dataset.gaussian_shortcut.{k}={n}"
     for k, n in (("n_train", 200), ("n_val", 100), ("n_test_id", 100), ("n_test_ood", 100))
 ]
-SMALL_GAUSS = GaussianShortcutConfig(n_train=200, n_val=100, n_test_id=100, n_test_ood=100)
+SMALL_GAUSS = defaults("dataset", "gaussian_shortcut", n_train=200, n_val=100, n_test_id=100, n_test_ood=100)
 META_KEYS = {
     "dataset",
     "kind",
@@ -104,7 +104,7 @@ def test_colored_digits_end_to_end_writes_the_contract(
 
 @pytest.mark.parametrize(
     ("dataset", "cfg"),
-    [("gaussian_shortcut", SMALL_GAUSS), ("colored_digits", ColoredDigitsConfig())],
+    [("gaussian_shortcut", SMALL_GAUSS), ("colored_digits", defaults("dataset", "colored_digits"))],
 )
 def test_same_seed_gives_identical_bytes_and_another_seed_does_not(
     dataset: str, cfg: object, tmp_path: Path
@@ -126,12 +126,8 @@ def test_gaussian_splits_are_independent_of_other_split_sizes() -> None:
 
 @pytest.mark.parametrize("kind", ["gaussian_shortcut", "colored_digits"])
 def test_observed_agreement_matches_rho(kind: str) -> None:
-    cfg = (
-        GaussianShortcutConfig(rho_train=0.9, rho_ood=0.2)
-        if kind == "gaussian_shortcut"
-        else ColoredDigitsConfig(rho_train=0.9, rho_ood=0.2)
-    )
-    cols, _ = GENERATORS[kind](cfg)
+    cfg = defaults("dataset", kind, rho_train=0.9, rho_ood=0.2)
+    cols, _ = registry.dataset(kind).generate(cfg)
     agree = cols["y"] == cols["a"]
     for split, rho in (("train", 0.9), ("val", 0.9), ("test_id", 0.9), ("test_ood", 0.2)):
         assert abs(agree[cols["split"] == split].mean() - rho) < 0.02, split
@@ -147,7 +143,7 @@ def test_agreement_counts_keep_every_group_at_extreme_rho() -> None:
 
 
 def test_gaussian_sample_matches_population_moments() -> None:
-    cfg = GaussianShortcutConfig(n_train=40000, rho_train=0.8)
+    cfg = defaults("dataset", "gaussian_shortcut", n_train=40000, rho_train=0.8)
     cols, _ = gaussian_shortcut.generate(cfg)
     train = cols["split"] == "train"
     x, y = cols["x"][train].astype(np.float64), cols["y"][train]

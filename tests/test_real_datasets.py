@@ -377,9 +377,10 @@ def test_published_counts_are_checked_when_the_release_is_complete(
 
 
 def _validate_cfg():  # noqa: ANN202
-    from stages.config import ValidateConfig
+    from stages.config import load_params, section
+    from stages.settings import ValidateConfig
 
-    return ValidateConfig()
+    return section(load_params(), "validate", ValidateConfig)  # the workdir's params.yaml
 
 
 def test_published_counts_of_each_release_add_up_to_its_documented_totals() -> None:

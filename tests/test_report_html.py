@@ -13,6 +13,7 @@ import pytest
 
 from stages import evaluate, report
 from stages.artifacts import Prepared
+from stages.config import defaults
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chromium")]
 
@@ -86,7 +87,7 @@ def _runs() -> tuple[list[dict], dict]:
 
 PHASE = [
     {"panel": 0, "x_knob": "spurious_scale", "x": x, "y_knob": "rho_train", "y": y, "diff": d,
-     "winner": "lda" if d > 0 else "erm", "lda_wga": 0.5, "erm_wga": 0.5 - d}
+     "winner": "generative" if d > 0 else "discriminative", "generative_wga": 0.5, "discriminative_wga": 0.5 - d}
     for (x, y), d in {(0.25, 0.9): 0.2, (2.0, 0.9): -0.1, (0.25, 0.95): 0.1, (2.0, 0.95): -0.2}.items()
 ]
 
@@ -94,7 +95,7 @@ PHASE = [
 @pytest.fixture(scope="module")
 def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     metrics, data = _runs()
-    built = report.build_report(metrics, data, PHASE, report.EvaluateConfig(bootstrap_resamples=50))
+    built = report.build_report(metrics, data, PHASE, defaults("evaluate", "default", bootstrap_resamples=50))
     path = tmp_path_factory.mktemp("report") / "report.html"
     path.write_text(built.html)
     return path

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
-from stages import prepare, pretrain, train
+from stages import prepare, pretrain, registry, train
 from stages.artifacts import (
     SPLITS,
     Prepared,
@@ -23,40 +24,26 @@ from stages.artifacts import (
     pretrained_dir,
     read_prepared,
 )
-from stages.config import (
-    SELECTION_SPLIT,
-    ColoredDigitsConfig,
-    ErmConfig,
-    GroupDROConfig,
-    JTTConfig,
-    PretrainConfig,
-    RunConfig,
-    load_params,
-    method_config,
-    section,
-)
+from stages.config import defaults, load_params, method_config, section
 from stages.datasets import colored_digits
 from stages.io import numpy_to_fixed_list, read_json, read_metadata, read_parquet, write_parquet
 from stages.models import CONFIG, EMBEDDINGS, WEIGHTS, load_model
-from stages.models.robust import (
-    Embedded,
-    balanced_subsample,
-    balanced_weights,
-    fit_dfr,
-    halves,
-    jtt_weights,
-    logistic_regression,
-    selection_summary,
-    weighted_cross_entropy,
-)
+from stages.models.dfr import Embedded, balanced_subsample, fit_dfr, halves
+from stages.models.jtt import jtt_weights
+from stages.models.reweight import balanced_weights
+from stages.models.robust import logistic_regression, selection_summary, weighted_cross_entropy
 from stages.models.training import (
     SELECTION_METRIC,
     FitOptions,
     SplitData,
+    Trained,
+    TrainJob,
     cross_entropy,
     fit_classifier,
 )
 from stages.runtime import setup_torch
+from stages.schema import SELECTION_SPLIT
+from stages.settings import PretrainConfig, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
@@ -144,7 +131,8 @@ def test_selection_summary_agrees_with_the_loop_and_split_table():
         y = rng.integers(0, 2, 200)
         x = np.column_stack([2 * y - 1 + rng.standard_normal(200), rng.standard_normal(200)]).astype(np.float32)
         splits[name] = SplitData(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(2 * y + (rng.random(200) < 0.5)))
-    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+    from stages.models.mlp import MLPClassifier
+    from stages.models.nets import MLPEncoder, Standardize
 
     for criterion in SELECTION_METRIC:
         gen = setup_torch(0)
@@ -186,27 +174,28 @@ def test_discriminative_methods_share_the_backbone_and_the_selection_criterion()
 
 @pytest.fixture(scope="module")
 def digits() -> Prepared:
-    cfg = ColoredDigitsConfig()
+    cfg = defaults("dataset", "colored_digits")
     assert cfg.rho_train == 0.95
     cols, meta = colored_digits.generate(cfg)
     g = cols["y"] * meta["n_attrs"] + cols["a"]
     return Prepared(cols["id"], cols["split"], cols["y"], cols["a"], g, cols["x"], {"dataset": "colored_digits", **meta})
 
 
-def ood_worst_group(prepared: Prepared, cfg: ErmConfig) -> float:
-    _, result = train.train_mlp(prepared, cfg, "colored_digits", seed=0, desc="test")
-    return result.selected_metrics["test_ood"]["worst_group_acc"]
+def fit(prepared: Prepared, kind: str, **overrides: Any) -> Trained:
+    """Method `kind` (conf/'s values, then `overrides`) trained through its registered `train`."""
+    cfg = defaults("method", kind, **overrides)
+    job = TrainJob("colored_digits", kind, 0, cfg, prepared, checkpoint_every=0, resume=False)
+    return registry.method(kind).train(job)
 
 
 def test_groupdro_and_jtt_beat_erm_on_the_worst_group_of_colored_digits(digits):
     """Same backbone, epochs and selection (val_worst_group) for all three; the defaults otherwise."""
     common = dict(hidden=[64], epochs=20, selection="val_worst_group")
-    erm = ood_worst_group(digits, ErmConfig(**common))
-    dro = ood_worst_group(digits, GroupDROConfig(**common))
-    info: dict = {}
-    jtt_cfg = JTTConfig(**common)
-    _, jtt_result = train.train_mlp(digits, jtt_cfg, "colored_digits", seed=0, desc="test", info=info)
-    jtt = jtt_result.selected_metrics["test_ood"]["worst_group_acc"]
+    erm = fit(digits, "erm", **common).metrics["test_ood"]["worst_group_acc"]
+    dro = fit(digits, "groupdro", **common).metrics["test_ood"]["worst_group_acc"]
+    jtt_trained = fit(digits, "jtt", **common)
+    jtt = jtt_trained.metrics["test_ood"]["worst_group_acc"]
+    info = jtt_trained.record
     assert erm < 0.35, erm  # the colour shortcut bites ERM
     assert dro > erm + 0.25, (erm, dro)
     assert jtt > erm + 0.25, (erm, jtt)

@@ -11,8 +11,9 @@ import pytest
 
 from stages import evaluate, shift
 from stages.artifacts import Prepared
-from stages.config import GaussianShortcutConfig, PhaseConfig, compose, load_params, section
+from stages.config import compose, dataset_section, defaults, load_params, section
 from stages.io import read_json
+from stages.settings import PhaseConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,7 +94,7 @@ def test_reweight_and_regenerate_routes_agree_on_gaussian_shortcut() -> None:
     from stages.datasets.gaussian_shortcut import generate
     from stages.models.lda import fit_lda
 
-    cfg = GaussianShortcutConfig(spurious_scale=0.6, n_train=2000, n_val=8, n_test_id=3000, n_test_ood=3000)
+    cfg = defaults("dataset", "gaussian_shortcut", spurious_scale=0.6, n_train=2000, n_val=8, n_test_id=3000, n_test_ood=3000)
     cols, _ = generate(cfg)
     s, y, a, x = cols["split"], cols["y"], cols["a"], cols["x"]
     model = fit_lda(x[s == "train"], y[s == "train"], 2, 0.1)
@@ -122,9 +123,9 @@ def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         ("spurious_scale", 0.25, "rho_train", 0.95),
         ("spurious_scale", 2.0, "rho_train", 0.95),
     ]
-    # A weak spurious feature: lda's likelihood weighs it little; a strong one: lda leans on it.
-    assert [c["winner"] for c in cells] == ["lda", "erm"]
-    assert all(c["seeds"] == 2 and c["diff"] == pytest.approx(c["lda_wga"] - c["erm_wga"]) for c in cells)
+    # A weak spurious feature: LDA's likelihood weighs it little; a strong one: LDA leans on it.
+    assert [c["winner"] for c in cells] == ["generative", "discriminative"]
+    assert all(c["seeds"] == 2 and c["diff"] == pytest.approx(c["generative_wga"] - c["discriminative_wga"]) for c in cells)
     first = phase.PHASE_PATH.read_bytes()
     assert phase.main(["phase.panels=[]"]) == 0 and read_json(phase.PHASE_PATH) == []
     assert phase.main(argv) == 0 and phase.PHASE_PATH.read_bytes() == first  # deterministic
@@ -133,9 +134,52 @@ def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_toy_phase_diagram_experiment_composes_and_validates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     out = compose(output=tmp_path / "params.yaml", overrides=["experiment=toy_phase_diagram"])
-    cfg = section(load_params(out), "phase", PhaseConfig)
+    params = load_params(out)
+    cfg = section(params, "phase", PhaseConfig)
     knobs = {k for p in cfg.panels for k in (p.x, p.y)}
     assert knobs == {"sigma", "spurious_scale", "rho_train", "d_noise", "n_train"}
     assert sum(len(p.x_values) * len(p.y_values) for p in cfg.panels) >= 40
-    base = dataclasses.asdict(cfg.base)
-    assert base["rho_ood"] == 0.0  # scored on a fully reversed test set
+    base = dataset_section(params, "phase.base")  # validated by its kind's schema
+    assert base.rho_ood == 0.0  # scored on a fully reversed test set
+    assert knobs <= {f.name for f in dataclasses.fields(base)}
+
+
+def test_regenerate_route_is_the_registered_one_and_absent_kinds_get_none() -> None:
+    """evaluate rebuilds the generator config from the file's params with its kind's schema;
+    a kind without a regenerate route (or no kind) gets the reweight route only."""
+    from stages import registry
+
+    cfg = defaults("dataset", "gaussian_shortcut", n_train=200, n_val=100, n_test_id=100, n_test_ood=100)
+    spec = registry.dataset(cfg.kind)
+    assert spec.regenerate is not None and spec.schema(**dataclasses.asdict(cfg)) == cfg
+    ecfg = defaults("evaluate", "default", shift_regenerate_n=50)
+    x = np.zeros((4, 2), np.float32)
+    y = np.array([0, 1, 0, 1])
+    reweighted = [{"step": 0, "t": 0.0, "rho": 0.9}, {"step": 1, "t": 1.0, "rho": 0.0}]
+
+    class Constant:
+        def logits(self, x: np.ndarray, batch_size: int = 0) -> np.ndarray:
+            return np.tile([1.0, 0.0], (len(x), 1))
+
+    def prepared(meta: dict) -> Prepared:
+        return Prepared(np.arange(4), np.array(["train"] * 4, dtype=object), y, y, y * 2 + y, x, meta)
+
+    base = {"dataset": "toy", "n_classes": 2, "n_attrs": 2, "shape": [10]}
+    rows = evaluate.regenerated_shift(prepared({**base, "kind": cfg.kind, "params": dataclasses.asdict(cfg)}), Constant(), reweighted, ecfg)
+    assert [r["route"] for r in rows] == ["regenerate"] * 2 and all(r["acc"] == pytest.approx(0.5, abs=0.02) for r in rows)
+    no_route = next(k for k, s in registry.datasets().items() if s.regenerate is None)
+    assert evaluate.regenerated_shift(prepared({**base, "kind": no_route, "params": {}}), Constant(), reweighted, ecfg) == []
+    assert evaluate.regenerated_shift(prepared(base), Constant(), reweighted, ecfg) == []
+
+
+def test_phase_knobs_must_be_keys_of_the_base_kind() -> None:
+    from stages import phase, registry
+    from stages.schema import ConfigError
+
+    base = defaults("dataset", "gaussian_shortcut")
+    assert phase.knob_types(base)["n_train"] is int and phase.knob_types(base)["sigma"] is float
+    assert phase.cell_config(base, {"n_train": 99.6, "sigma": 2}, 3) == dataclasses.replace(base, n_train=100, sigma=2.0, seed=3)
+    # a generated kind without the knobs (any one but the base's own) is named as the problem
+    other = next(k for k, s in registry.datasets().items() if s.generate is not None and k != base.kind)
+    with pytest.raises(ConfigError, match=f"phase.base.kind: dataset kind '{other}' has no key"):
+        phase.knob_types(defaults("dataset", other))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from stages import distill, evaluate, io, prepare, train
+from stages import distill, evaluate, io, prepare, registry, train
 from stages.artifacts import (
     SPLITS,
     Prepared,
@@ -20,19 +21,20 @@ from stages.artifacts import (
     prepared_schema_for,
     read_prepared,
 )
-from stages.config import ConfigError, ShortcutTextConfig, TextErmConfig, check_all, load_params
+from stages.config import ConfigError, check_all, defaults, load_params
 from stages.io import ArtifactError, load_weights, read_json, save_weights
-from stages.models import CONFIG, KINDS, WEIGHTS, load_model, save_model
-from stages.models.text import build_vocab
-from stages.models.text_classifier import TextClassifier, train_text
+from stages.models import CONFIG, WEIGHTS, load_model, save_model
+from stages.models.text import TextClassifier
+from stages.models.text_erm import train_text
+from stages.text import build_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ["--params", str(ROOT / "params.yaml")]
-SMALL_TEXT = ShortcutTextConfig(n_train=800, n_val=200, n_test_id=200, n_test_ood=200)
-FAST = TextErmConfig(epochs=12, max_len=12, dim=16, selection="val_avg")
+SMALL_TEXT = defaults("dataset", "shortcut_text", n_train=800, n_val=200, n_test_id=200, n_test_ood=200)
+FAST = defaults("method", "text_erm", epochs=12, max_len=12, dim=16, selection="val_avg")
 
 
-def shortcut_text(path: Path, cfg: ShortcutTextConfig = SMALL_TEXT) -> Prepared:
+def shortcut_text(path: Path, cfg: Any = SMALL_TEXT) -> Prepared:
     """The real shortcut_text generator's output, written and read back as a prepared file."""
     table, meta = prepare.prepare("shortcut_text", cfg)
     io.write_parquet(table, path, prepared_schema_for(meta), meta)
@@ -67,7 +69,7 @@ def test_text_erm_reads_only_the_splits_it_declares(tmp_path: Path) -> None:
     """Garbage text and labels in test_id/test_ood leave the weights bit-identical (train-only vocabulary)."""
     cfg = dataclasses.replace(FAST, epochs=3)
     assert cfg.reads_splits() == ("train", "val")
-    p = shortcut_text(tmp_path / "t.parquet", ShortcutTextConfig(n_train=200, n_val=60, n_test_id=60, n_test_ood=60))
+    p = shortcut_text(tmp_path / "t.parquet", defaults("dataset", "shortcut_text", n_train=200, n_val=60, n_test_id=60, n_test_ood=60))
     clean, _ = train_text(p, cfg, seed=0)
     rng = np.random.default_rng(5)
     unread = np.isin(p.split, ["test_id", "test_ood"])
@@ -81,11 +83,11 @@ def test_text_erm_reads_only_the_splits_it_declares(tmp_path: Path) -> None:
 
 def test_text_model_round_trips_through_safetensors(tmp_path: Path) -> None:
     """load_model rebuilds vocabulary and architecture from model.safetensors alone: identical logits."""
-    p = shortcut_text(tmp_path / "t.parquet", ShortcutTextConfig(n_train=200, n_val=60, n_test_id=60, n_test_ood=60))
+    p = shortcut_text(tmp_path / "t.parquet", defaults("dataset", "shortcut_text", n_train=200, n_val=60, n_test_id=60, n_test_ood=60))
     model, result = train_text(p, dataclasses.replace(FAST, epochs=2, hidden=[8]), seed=1)
     save_model(tmp_path / "m", model, {"method": "text_erm"}, result.history)
     loaded = load_model(tmp_path / "m")
-    assert "text" in KINDS and isinstance(loaded, TextClassifier)
+    assert "text" in registry.model_kinds() and isinstance(loaded, TextClassifier)
     assert loaded.kind == "text" and loaded.input == "text" and loaded.vocab == model.vocab
     texts = [*p.text, "", "words the model never saw", "NOT   great, indeed!"]
     assert np.array_equal(loaded.logits(texts, batch_size=7), model.logits(texts))

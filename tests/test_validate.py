@@ -15,7 +15,7 @@ import pytest
 
 from stages import validate as stage
 from stages.artifacts import data_docs_dir, prepared_path, prepared_schema, validated_path
-from stages.config import ValidateConfig
+from stages.config import defaults
 from stages.datasets.images import PIXEL_ENCODING
 from stages.io import (
     iter_parquet_batches,
@@ -221,7 +221,7 @@ def test_missing_metadata_key_is_a_clear_error(workdir, capsys):
 
 
 def test_required_shift_follows_configured_shift():
-    cfg = ValidateConfig(min_group_count=3, rho_tolerance=0.05, min_shift=0.2)
+    cfg = defaults("validate", "default", min_group_count=3, rho_tolerance=0.05, min_shift=0.2)
     assert stage.required_shift(0.95, 0.05, cfg) == 0.2
     assert stage.required_shift(0.9, 0.8, cfg) == pytest.approx(0.05)  # small configured shift
     # a no-shift control still gets the expectation, with a bound it can meet
@@ -230,7 +230,7 @@ def test_required_shift_follows_configured_shift():
 
 def test_suite_bounds_come_from_metadata():
     meta = {"n_classes": 3, "n_attrs": 4, "shape": [2, 5], "rho_train": 0.9, "rho_ood": 0.1}
-    suite = stage.build_checks(meta, ValidateConfig())
+    suite = stage.build_checks(meta, defaults("validate", "default"))
     checks = {c.name: c for c in suite}
     assert len(checks) == len(suite)  # names are unique identifiers
     assert checks["domain[g]"].kwargs["value_set"] == list(range(12))

@@ -1,6 +1,11 @@
-"""Dataset generators: one pure function per `dataset.<name>.kind`, plus the sampling they share.
+"""Datasets: one module per `dataset.<name>.kind`, plus the sampling they share.
 
-A generator is `generate(cfg) -> (columns, meta)`:
+Each module `stages/datasets/<kind>.py` declares its kind once, at the bottom, with
+`stages.registry.register_dataset` (schema, `generate` or `load`, capabilities);
+`stages.registry.dataset(kind)` imports just that module. Nothing here imports a dataset
+module, and nothing under stages/datasets imports a stage entrypoint.
+
+A generated dataset's function is `generate(cfg) -> (columns, meta)`:
 
 - `columns`: numpy arrays `id` (int64), `split` (str), `y` (int64), `a` (int64) and
   `x` (float32, n × dim), one row per example, already in the order they are written;
@@ -9,16 +14,19 @@ A generator is `generate(cfg) -> (columns, meta)`:
   the group column and writes the file.
 
 Generators draw only from `numpy.random.default_rng` seeded by `cfg.seed`, never from a
-global RNG, so the same config gives byte-identical output. See docs/datasets.md.
+global RNG, so the same config gives byte-identical output. Real benchmarks read
+data/raw/<dataset>/ and stream their own file: `load(dataset, cfg, out_path) -> summary
+line` (stages/datasets/raw.py). See docs/datasets.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from stages.artifacts import SPLITS
+from stages.schema import ConfigError
 
 Columns = dict[str, np.ndarray]
 Generated = tuple[Columns, dict[str, Any]]
@@ -26,6 +34,7 @@ Generated = tuple[Columns, dict[str, Any]]
 # The smallest minority group a split gets when 0 < rho < 1 (if the class has room for it),
 # so every (y, a) group is present in val, test_id and test_ood even at extreme rho.
 MIN_MINORITY = 2
+HELD_OUT_SPLITS = ("val", "test_id", "test_ood")
 
 
 def round_half_up(value: float) -> int:
@@ -51,30 +60,63 @@ def attribute_from_agreement(y: np.ndarray, agree: np.ndarray) -> np.ndarray:
     return np.where(agree, y, 1 - y).astype(np.int64)
 
 
-# Imported after the helpers above, which the generator modules use.
-from stages.datasets import (  # noqa: E402
-    camelyon17,
-    celeba,
-    civilcomments,
-    colored_digits,
-    gaussian_shortcut,
-    mnist1d_shortcut,
-    shortcut_text,
-    waterbirds,
-)
+def assign_splits(y: np.ndarray, cfg: Any, rng: np.random.Generator) -> np.ndarray:
+    """Split name per example, stratified by binary y: per class, round(n_class·frac) examples
+    each to val, test_id and test_ood (`cfg.val_frac`, `cfg.test_id_frac`, `cfg.test_ood_frac`,
+    from a seeded permutation), the rest to train."""
+    split = np.empty(len(y), dtype=object)
+    for c in (0, 1):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        sizes = [round_half_up(len(idx) * f) for f in (cfg.val_frac, cfg.test_id_frac, cfg.test_ood_frac)]
+        bounds = np.cumsum([0, *sizes])
+        split[idx] = "train"
+        for name, lo, hi in zip(("val", "test_id", "test_ood"), bounds[:-1], bounds[1:], strict=True):
+            split[idx[lo:hi]] = name
+    return split
 
-GENERATORS: dict[str, Callable[[Any], Generated]] = {
-    "gaussian_shortcut": gaussian_shortcut.generate,
-    "colored_digits": colored_digits.generate,
-    "mnist1d_shortcut": mnist1d_shortcut.generate,
-    "shortcut_text": shortcut_text.generate,
-}
 
-# Real benchmarks read from data/raw/<dataset>/ and stream their own file (they may not fit
-# in memory): `load(dataset, cfg, out_path) -> summary line`. See stages/datasets/raw.py.
-LOADERS: dict[str, Callable[[str, Any, Path], str]] = {
-    "waterbirds": waterbirds.load,
-    "celeba": celeba.load,
-    "camelyon17": camelyon17.load,
-    "civilcomments": civilcomments.load,
-}
+def assign_attributes(y: np.ndarray, split: np.ndarray, cfg: Any, rng: np.random.Generator) -> np.ndarray:
+    """Binary attribute per example with exact counts: in each split and class, `agreement_counts`
+    at `cfg.rho_ood` (test_ood) or `cfg.rho_train` (elsewhere) decides how many examples agree,
+    and a seeded permutation decides which."""
+    agree = np.zeros(len(y), dtype=bool)
+    for name in SPLITS:
+        rho = cfg.rho_ood if name == "test_ood" else cfg.rho_train
+        for c in (0, 1):
+            idx = rng.permutation(np.flatnonzero((split == name) & (y == c)))
+            n_agree, _ = agreement_counts(len(idx), rho)
+            agree[idx[:n_agree]] = True
+    return attribute_from_agreement(y, agree)
+
+
+def group_ids(y: np.ndarray, a: np.ndarray, n_attrs: int) -> np.ndarray:
+    """Group of each example: g = y·n_attrs + a."""
+    return (np.asarray(y, dtype=np.int64) * n_attrs + np.asarray(a, dtype=np.int64)).astype(np.int64)
+
+
+def check_groups(
+    dataset: str,
+    split: np.ndarray,
+    y: np.ndarray,
+    a: np.ndarray,
+    n_classes: int,
+    n_attrs: int,
+    split_groups: dict[str, list[int]] | None = None,
+) -> None:
+    """Raise ConfigError naming the split and group if any (y, a) group is absent from a held-out split.
+
+    `split_groups` (metadata of domain-shift datasets) lists the groups each split can hold;
+    by default every split must hold every group.
+    """
+    for name in HELD_OUT_SPLITS:
+        in_split = split == name
+        for yy in range(n_classes):
+            for aa in range(n_attrs):
+                if split_groups is not None and yy * n_attrs + aa not in split_groups[name]:
+                    continue
+                if not np.any(in_split & (y == yy) & (a == aa)):
+                    raise ConfigError(
+                        f"dataset.{dataset}: split '{name}' has no example of group g={yy * n_attrs + aa} "
+                        f"(y={yy}, a={aa}); use a larger split or a rho strictly between 0 and 1 "
+                        f"(rho_train for val/test_id, rho_ood for test_ood)"
+                    )

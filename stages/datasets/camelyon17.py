@@ -18,12 +18,40 @@ train/val/test_id only those of the train centers: the metadata's `split_groups`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.config import Camelyon17Config
 from stages.datasets import images, raw
+from stages.datasets.images import check_images
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class Camelyon17Config:
+    """Camelyon17 patches (WILDS v1.0) from data/raw: y = tumor, a = hospital (center); test_ood = held-out centers."""
+
+    kind: str = option("dataset loader")
+    root: str = option("folder holding metadata.csv and patches/")
+    train_centers: list[int] = option("hospitals of train, val and test_id (WILDS: 0, 3, 4)")
+    test_ood_centers: list[int] = option("held-out hospitals of test_ood (WILDS test: 2); other centers are unused")
+    seed: int = option("seed of the test_id split carved from train")
+    resolution: int = option("patches (96²) are resized to resolution²")
+    test_id_frac: float = option("fraction of the train-center train split moved to test_id, per group")
+    on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
+    workers: int = option("decoding processes (0 = one per core)")
+
+    def check(self, c: Checks) -> None:
+        check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(0 < self.test_id_frac < 0.5, "test_id_frac", f"must be in (0, 0.5), got {self.test_id_frac}")
+        for key in ("train_centers", "test_ood_centers"):
+            centers = getattr(self, key)
+            c.require(len(centers) > 0 and all(0 <= x <= 4 for x in centers), key, f"must be non-empty, centers 0..4, got {centers}")
+        both = set(self.train_centers) & set(self.test_ood_centers)
+        c.require(not both, "test_ood_centers", f"overlaps train_centers: {sorted(both)}")
+
 
 WHERE = (
     "WILDS (https://wilds.stanford.edu/datasets/#camelyon17; `pip install wilds` then "
@@ -87,3 +115,6 @@ def load(dataset: str, cfg: Camelyon17Config, out: Path) -> str:
     files = np.array([patch_path(*t) for t in zip(patient, node, xs, ys, strict=True)], dtype=object)
     plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, center, meta, {"file": files})
     return images.write_images(out, plan, root, cfg.resolution, cfg.on_bad_image, cfg.workers)
+
+
+register_dataset("camelyon17", Camelyon17Config, load=load)

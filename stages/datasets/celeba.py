@@ -16,13 +16,37 @@ as the Kaggle zip unpacks).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.config import CelebAConfig
 from stages.datasets import images, raw
+from stages.datasets.images import check_images
 from stages.io import ArtifactError
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class CelebAConfig:
+    """CelebA from data/raw (attribute + partition CSVs): y = target attribute, a = spurious attribute."""
+
+    kind: str = option("dataset loader")
+    root: str = option("folder holding list_attr_celeba.csv, list_eval_partition.csv, img_align_celeba/")
+    target: str = option("attribute column used as the label y")
+    attribute: str = option("attribute column used as the spurious attribute a")
+    seed: int = option("seed of the test_id / test_ood split of the official test split")
+    resolution: int = option("images are resized (shorter side) and centre-cropped to resolution²")
+    test_ood_frac: float = option("fraction of the official test split (per group) from which the group-balanced test_ood is drawn")
+    on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
+    workers: int = option("decoding processes (0 = one per core)")
+
+    def check(self, c: Checks) -> None:
+        check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(self.target != self.attribute, "attribute", f"must differ from target '{self.target}'")
+        c.require(0 < self.test_ood_frac < 1, "test_ood_frac", f"must be in (0, 1), got {self.test_ood_frac}")
+
 
 WHERE = (
     "https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html (Align&Cropped images) or the CSV "
@@ -95,3 +119,6 @@ def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
     if not folder.is_dir():
         raise ArtifactError(f"{folder}: image folder not found; unpack img_align_celeba.zip into {root}/ (see {raw.DOCS})")
     return images.write_images(out, plan, folder, cfg.resolution, cfg.on_bad_image, cfg.workers)
+
+
+register_dataset("celeba", CelebAConfig, load=load)

@@ -12,20 +12,42 @@ muslim, other_religions, black, white, ...`; empty = not annotated = 0).
                       same number of comments of every group -> test_ood (group-balanced)
 
 Rows carry the comment in `text` and, in `x`, log(1 + count) of the `vocab_size` most frequent
-train words (stages.models.text.bag_of_words).
+train words (stages.text.bag_of_words).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from stages import artifacts
-from stages.config import CivilCommentsConfig
 from stages.datasets import raw
 from stages.io import ArtifactError, write_parquet_stream
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class CivilCommentsConfig:
+    """CivilComments (WILDS CSV) from data/raw: y = toxic, a = any configured identity mentioned."""
+
+    kind: str = option("dataset loader")
+    root: str = option("folder holding all_data_with_identities.csv")
+    identities: list[str] = option("identity columns; a = 1 when any is >= threshold")
+    threshold: float = option("toxicity and identity scores >= threshold count as 1")
+    seed: int = option("seed of the test_id / test_ood split of the official test split")
+    test_ood_frac: float = option("fraction of the official test split (per group) from which the group-balanced test_ood is drawn")
+    vocab_size: int = option("most frequent train words kept as bag-of-words features in x")
+
+    def check(self, c: Checks) -> None:
+        c.require(len(self.identities) > 0, "identities", "must not be empty")
+        c.prob(self.threshold, "threshold")
+        c.require(0 < self.test_ood_frac < 1, "test_ood_frac", f"must be in (0, 1), got {self.test_ood_frac}")
+        c.require(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
+
 
 WHERE = (
     "WILDS (https://wilds.stanford.edu/datasets/#civilcomments; `pip install wilds` then "
@@ -44,7 +66,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
     """Read the CSV, map splits and groups, featurise the text and write `out` in row groups."""
     import pyarrow as pa
 
-    from stages.models.text import bag_of_words, build_vocab
+    from stages.text import bag_of_words, build_vocab
 
     root = raw.require_dir(cfg.root, dataset, WHERE)
     csv = raw.require_file(root / FILE, dataset, WHERE)
@@ -98,3 +120,6 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
         file_meta.update(plan.meta)
         n_rows = stream.num_rows
     return raw.summary(out, plan.meta, n_rows)
+
+
+register_dataset("civilcomments", CivilCommentsConfig, load=load, text=True)

@@ -16,12 +16,40 @@ index in `load_digits()` order. See docs/datasets.md.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
 from stages.artifacts import SPLITS
-from stages.config import ColoredDigitsConfig
-from stages.datasets import Generated, agreement_counts, attribute_from_agreement, round_half_up
+from stages.datasets import Generated, assign_attributes, assign_splits
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class ColoredDigitsConfig:
+    """scikit-learn's 8×8 digits, y = digit < 5, with a spurious attribute agreeing with y w.p. ρ."""
+
+    kind: str = option("dataset generator")
+    seed: int = option("split/attribute seed")
+    rho_train: float = option("P(attribute == label) in train, val and test_id")
+    rho_ood: float = option("P(attribute == label) in test_ood (0.05 = reversed)")
+    spurious: str = option("form of the spurious cue: color | marker | background")
+    spurious_noise: float = option("std of the noise on the spurious cue (0 = exact)")
+    val_frac: float = option("fraction of images in val")
+    test_id_frac: float = option("fraction of images in test_id")
+    test_ood_frac: float = option("fraction of images in test_ood")
+
+    def check(self, c: Checks) -> None:
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.choice(self.spurious, "spurious", ["color", "marker", "background"])
+        c.non_negative(self.spurious_noise, "spurious_noise")
+        for k in ("val_frac", "test_id_frac", "test_ood_frac"):
+            c.require(0 < getattr(self, k) < 1, k, f"must be in (0, 1), got {getattr(self, k)}")
+        total = self.val_frac + self.test_id_frac + self.test_ood_frac
+        c.require(total < 0.9, "val_frac", f"val+test fractions must leave >= 10% for train, got {total}")
+
 
 SHAPE = (3, 8, 8)
 # Red-ish stroke for a=0, green-ish for a=1: a cue with tiny within-group variance.
@@ -40,39 +68,6 @@ def load_images() -> tuple[np.ndarray, np.ndarray]:
 
     digits = load_digits()
     return (digits.images / 16.0).astype(np.float64), digits.target.astype(np.int64)
-
-
-def assign_splits(y: np.ndarray, cfg: ColoredDigitsConfig, rng: np.random.Generator) -> np.ndarray:
-    """Split name per image, stratified by y: per class, round(n_class·frac) images each to
-    val, test_id and test_ood (from a seeded permutation), the rest to train."""
-    split = np.empty(len(y), dtype=object)
-    for c in (0, 1):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        sizes = [
-            round_half_up(len(idx) * f) for f in (cfg.val_frac, cfg.test_id_frac, cfg.test_ood_frac)
-        ]
-        bounds = np.cumsum([0, *sizes])
-        split[idx] = "train"
-        for name, lo, hi in zip(
-            ("val", "test_id", "test_ood"), bounds[:-1], bounds[1:], strict=True
-        ):
-            split[idx[lo:hi]] = name
-    return split
-
-
-def assign_attributes(
-    y: np.ndarray, split: np.ndarray, cfg: ColoredDigitsConfig, rng: np.random.Generator
-) -> np.ndarray:
-    """Attribute per image with exact counts: in each split and class, `agreement_counts`
-    decides how many images agree, and a seeded permutation decides which."""
-    agree = np.zeros(len(y), dtype=bool)
-    for name in SPLITS:
-        rho = cfg.rho_ood if name == "test_ood" else cfg.rho_train
-        for c in (0, 1):
-            idx = rng.permutation(np.flatnonzero((split == name) & (y == c)))
-            n_agree, _ = agreement_counts(len(idx), rho)
-            agree[idx[:n_agree]] = True
-    return attribute_from_agreement(y, agree)
 
 
 def render(
@@ -138,3 +133,6 @@ def generate(cfg: ColoredDigitsConfig) -> Generated:
         "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
     }
     return columns, meta
+
+
+register_dataset("colored_digits", ColoredDigitsConfig, generate=generate)

@@ -14,12 +14,43 @@ answer of any Gaussian classifier is closed-form (`population_groups`, `populati
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from stages.config import GaussianShortcutConfig
 from stages.datasets import Generated, agreement_counts, attribute_from_agreement
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class GaussianShortcutConfig:
+    """Two classes y∈{±1}: core feature N(y, σ²), spurious feature ±B agreeing with y w.p. ρ."""
+
+    kind: str = option("dataset generator")
+    seed: int = option("generator seed")
+    sigma: float = option("std of the core feature around ±1")
+    spurious_scale: float = option("B: the spurious feature is ±B (plus noise)")
+    spurious_noise: float = option("std of the noise added to the spurious feature")
+    rho_train: float = option("P(spurious sign agrees with y) in train, val and test_id")
+    rho_ood: float = option("P(spurious sign agrees with y) in test_ood")
+    d_noise: int = option("number of pure-noise N(0,1) dimensions")
+    n_train: int = option("train examples")
+    n_val: int = option("validation examples")
+    n_test_id: int = option("in-distribution test examples")
+    n_test_ood: int = option("shifted test examples")
+
+    def check(self, c: Checks) -> None:
+        c.positive(self.sigma, "sigma")
+        c.non_negative(self.spurious_scale, "spurious_scale")
+        c.non_negative(self.spurious_noise, "spurious_noise")
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.non_negative(self.d_noise, "d_noise")
+        for k in ("n_train", "n_val", "n_test_id", "n_test_ood"):
+            c.require(getattr(self, k) >= 8, k, f"must be >= 8, got {getattr(self, k)}")
+
 
 SPLIT_SIZES = (
     ("train", "n_train"),
@@ -156,3 +187,6 @@ def generate(cfg: GaussianShortcutConfig) -> Generated:
         "split_sizes": {split: getattr(cfg, key) for split, key in SPLIT_SIZES},
     }
     return columns, meta
+
+
+register_dataset("gaussian_shortcut", GaussianShortcutConfig, generate=generate, regenerate=sample_split)

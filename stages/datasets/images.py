@@ -28,6 +28,7 @@ import numpy as np
 from stages import artifacts
 from stages.datasets.raw import CHUNK_ROWS, DOCS, Plan, base_table, observed_stats, summary
 from stages.io import ArtifactError, write_parquet_stream
+from stages.schema import Checks
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -35,6 +36,14 @@ MAX_ERRORS_LISTED = 20
 # Parquet stores uint8 as 4-byte ints; split into byte streams, zstd squeezes the three zero
 # streams for free (half the write time, a third of the read time of dictionary encoding).
 PIXEL_ENCODING = {"x.list.element": "BYTE_STREAM_SPLIT"}
+BAD_IMAGE = ("error", "skip")
+
+
+def check_images(c: Checks, resolution: int, on_bad_image: str, workers: int) -> None:
+    """The config checks every image benchmark shares."""
+    c.require(4 <= resolution <= 512, "resolution", f"must be in 4..512, got {resolution}")
+    c.choice(on_bad_image, "on_bad_image", BAD_IMAGE)
+    c.non_negative(workers, "workers")
 
 
 def decode_image(data: bytes, resolution: int) -> np.ndarray:

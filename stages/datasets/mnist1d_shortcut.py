@@ -4,21 +4,50 @@ The `mnist1d` package generates the 40-sample signals offline from its ten digit
 (`mnist1d.data.make_dataset`, no download). y = int(digit < 5); the binary attribute a agrees
 with y with probability rho_train in train/val/test_id and rho_ood in test_ood, and is written
 into the signal as a marker: the first `marker_width` samples get (2a − 1)·spurious_scale
-plus N(0, spurious_noise²) noise per sample. Splits and attribute counts are drawn exactly as
-for colored_digits (stratified by y, exact agreement counts per split and class).
+plus N(0, spurious_noise²) noise per sample. Splits and attribute counts are drawn by the
+shared `assign_splits` / `assign_attributes` (stratified by y, exact agreement counts per
+split and class).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from dataclasses import dataclass
 
 import numpy as np
 
 from stages.artifacts import SPLITS
-from stages.config import Mnist1DShortcutConfig
-from stages.datasets import Generated
-from stages.datasets.colored_digits import assign_attributes, assign_splits
+from stages.datasets import Generated, assign_attributes, assign_splits
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class Mnist1DShortcutConfig:
+    """MNIST-1D (generated offline by `mnist1d`), y = digit < 5, a marker agreeing with y w.p. ρ."""
+
+    kind: str = option("dataset generator")
+    seed: int = option("seed of the signals, splits, attributes and marker noise")
+    num_samples: int = option("MNIST-1D examples generated (split over train/val/test_id/test_ood)")
+    rho_train: float = option("P(attribute == label) in train, val and test_id")
+    rho_ood: float = option("P(attribute == label) in test_ood")
+    spurious_scale: float = option("marker height: ±scale added to the first marker_width samples")
+    spurious_noise: float = option("std of the noise on the marker")
+    marker_width: int = option("how many leading samples of the 40 carry the marker")
+    val_frac: float = option("fraction of examples in val")
+    test_id_frac: float = option("fraction of examples in test_id")
+    test_ood_frac: float = option("fraction of examples in test_ood")
+
+    def check(self, c: Checks) -> None:
+        c.require(self.num_samples >= 200, "num_samples", f"must be >= 200, got {self.num_samples}")
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.non_negative(self.spurious_scale, "spurious_scale")
+        c.non_negative(self.spurious_noise, "spurious_noise")
+        c.require(1 <= self.marker_width <= 40, "marker_width", f"must be in 1..40, got {self.marker_width}")
+        c.fracs(self.val_frac, self.test_id_frac, self.test_ood_frac)
+
 
 LENGTH = 40
 
@@ -59,8 +88,8 @@ def generate(cfg: Mnist1DShortcutConfig) -> Generated:
     signals, digits = load_signals(cfg.num_samples, cfg.seed)
     y = (digits < 5).astype(np.int64)
     rng = np.random.default_rng(cfg.seed)
-    split = assign_splits(y, cfg, rng)  # type: ignore[arg-type]  # same fraction keys as colored_digits
-    a = assign_attributes(y, split, cfg, rng)  # type: ignore[arg-type]
+    split = assign_splits(y, cfg, rng)
+    a = assign_attributes(y, split, cfg, rng)
     x = inject_marker(signals, a, cfg, rng).astype(np.float32)
     rank = {name: i for i, name in enumerate(SPLITS)}
     order = np.lexsort((np.arange(len(y)), np.array([rank[s] for s in split])))
@@ -76,3 +105,6 @@ def generate(cfg: Mnist1DShortcutConfig) -> Generated:
         "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
     }
     return columns, meta
+
+
+register_dataset("mnist1d_shortcut", Mnist1DShortcutConfig, generate=generate)

@@ -1,9 +1,9 @@
 """What the real-benchmark loaders share: the raw folder, CSV columns and domains, checksums,
 split carving, published counts, and the plan of rows a loader hands to the writer.
 
-A loader (waterbirds, celeba, camelyon17, civilcomments) reads `data/raw/<dataset>/` into a
-`Plan` — one entry per output row, already in output order (split, then id) — and lets
-`stages.datasets.images` (pixels) or its own code (text) stream the prepared file.
+A loader (one per real benchmark) reads `data/raw/<dataset>/` into a `Plan` — one entry per
+output row, already in output order (split, then id) — and lets `stages.datasets.images`
+(pixels) or its own code (text) stream the prepared file.
 Every error names the file, the row and what to do about it. See docs/datasets.md.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stages.artifacts import SPLITS
-from stages.datasets import round_half_up
+from stages.datasets import check_groups, round_half_up
 from stages.io import ArtifactError
 
 DOCS = "docs/datasets.md"
@@ -240,8 +240,6 @@ def make_plan(
     Also checks every held-out split holds its groups (naming the split and group if not)
     and records the split sizes and observed agreement rates P(a == y) in `meta`.
     """
-    from stages.prepare import check_groups
-
     rank = {name: i for i, name in enumerate(SPLITS)}
     split_rank = np.array([rank.get(s, -1) for s in split])
     keep = np.flatnonzero(split_rank >= 0)

@@ -9,17 +9,44 @@ noise-free shortcut that a bag-of-words model finds more reliable than the conte
 (which a bag of words can only read up to the negation rate).
 
 Rows carry the sentence in `text` and, in `x`, log(1 + count) of the `vocab_size` most
-frequent train words (stages.models.text.bag_of_words).
+frequent train words (stages.text.bag_of_words).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 
-from stages.config import ShortcutTextConfig
 from stages.datasets import Generated, agreement_counts, attribute_from_agreement, round_half_up
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class ShortcutTextConfig:
+    """Templated sentences, label = polarity of the content (with negation), plus a marker word agreeing w.p. ρ."""
+
+    kind: str = option("dataset generator")
+    seed: int = option("generator seed")
+    rho_train: float = option("P(marker word == label's marker) in train, val and test_id")
+    rho_ood: float = option("P(marker word == label's marker) in test_ood")
+    negation_rate: float = option("fraction of sentences whose adjective is negated ('not'), flipping its polarity")
+    vocab_size: int = option("most frequent train words kept as bag-of-words features in x")
+    n_train: int = option("train examples")
+    n_val: int = option("validation examples")
+    n_test_id: int = option("in-distribution test examples")
+    n_test_ood: int = option("shifted test examples")
+
+    def check(self, c: Checks) -> None:
+        c.prob(self.rho_train, "rho_train")
+        c.prob(self.rho_ood, "rho_ood")
+        c.require(0 <= self.negation_rate < 0.5, "negation_rate", f"must be in [0, 0.5), got {self.negation_rate}")
+        c.require(self.vocab_size >= 2, "vocab_size", f"must be >= 2, got {self.vocab_size}")
+        for k in ("n_train", "n_val", "n_test_id", "n_test_ood"):
+            c.require(getattr(self, k) >= 8, k, f"must be >= 8, got {getattr(self, k)}")
+
 
 OPENERS = ("i think", "honestly", "overall", "to be fair", "in my view", "frankly", "all in all", "well")
 NOUNS = ("movie", "book", "meal", "hotel", "concert", "game", "service", "album", "show", "trip", "app", "course")
@@ -66,7 +93,7 @@ def sample_split(n: int, rho: float, negation_rate: float, rng: np.random.Genera
 
 def generate(cfg: ShortcutTextConfig) -> Generated:
     """All four splits in order, ids 0..N−1; each split from its own stream default_rng([seed, split_index])."""
-    from stages.models.text import bag_of_words, build_vocab
+    from stages.text import bag_of_words, build_vocab
 
     ys, as_, texts, splits = [], [], [], []
     for index, (split, key) in enumerate(SPLIT_SIZES):
@@ -102,3 +129,6 @@ def generate(cfg: ShortcutTextConfig) -> Generated:
         "split_sizes": {s: getattr(cfg, k) for s, k in SPLIT_SIZES},
     }
     return columns, meta
+
+
+register_dataset("shortcut_text", ShortcutTextConfig, generate=generate, text=True)

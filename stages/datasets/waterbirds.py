@@ -12,12 +12,33 @@ columns `img_filename, y, split, place` (y = 1 waterbird, place = 1 water backgr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.config import WaterbirdsConfig
 from stages.datasets import images, raw
+from stages.datasets.images import check_images
+from stages.registry import register_dataset
+from stages.schema import Checks, option
+
+
+@dataclass
+class WaterbirdsConfig:
+    """Waterbirds (waterbird_complete95_forest2water2) from data/raw: y = waterbird, a = water background."""
+
+    kind: str = option("dataset loader")
+    root: str = option("folder holding metadata.csv and the image folders")
+    seed: int = option("seed of the test_id split carved from train")
+    resolution: int = option("images are resized (shorter side) and centre-cropped to resolution²")
+    test_id_frac: float = option("fraction of the official train split moved to test_id, per group")
+    on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
+    workers: int = option("decoding processes (0 = one per core)")
+
+    def check(self, c: Checks) -> None:
+        check_images(c, self.resolution, self.on_bad_image, self.workers)
+        c.require(0 < self.test_id_frac < 0.5, "test_id_frac", f"must be in (0, 0.5), got {self.test_id_frac}")
+
 
 WHERE = (
     "https://github.com/kohpangwei/group_DRO (the 'waterbird_complete95_forest2water2' tarball, "
@@ -64,3 +85,6 @@ def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
     files = raw.text_column(df, "img_filename")
     plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"file": files})
     return images.write_images(out, plan, root, cfg.resolution, cfg.on_bad_image, cfg.workers)
+
+
+register_dataset("waterbirds", WaterbirdsConfig, load=load)

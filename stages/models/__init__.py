@@ -8,23 +8,14 @@ A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
                        selected epoch and its metrics (and `teacher` for a student)
     history.parquet    artifacts.HISTORY_SCHEMA, one row per epoch and split
 
-Kinds (`Classifier.kind`, the architecture, not the training method):
+Kinds (`Classifier.kind`, the architecture, not the training method) are registered by
+their classes (`registry.register_model`; `registry.model_kinds()` lists them): an MLP
+classifier (stages/models/nets.py) for the discriminative methods and students, and one per
+generative or text model in its method's module. `logits` are the pre-softmax class scores
+of a discriminative model, log p(x, y) (or a score of it, e.g. an ELBO estimate) of a
+generative one, which also has `log_likelihood(x)`, per-example log p(x).
 
-    mlp  MLPClassifier (erm, groupdro, students): `logits` are the pre-softmax class scores
-    lda  LDAClassifier: `logits` are log p(x, y) = log N(x | μ_y, Σ) + log π_y
-    qda  QDAClassifier: `logits` are log p(x, y) = log N(x | μ_y, Σ_y) + log π_y
-    diffusion       DiffusionClassifier: `logits` are −mean_s w(t_s)‖ε_θ(x_t, t_s, y) − ε_s‖² + log π_y
-                    over shared noise draws (stages/models/diffusion.py)
-    autoregressive  AutoregressiveClassifier: `logits` are log p(tokens(x) | y) + log π_y
-                    (stages/models/autoregressive.py)
-    text            TextClassifier (text_erm): pre-softmax class scores of a bag of word
-                    embeddings; takes the `text` column (`input == "text"`); its vocabulary
-                    is in the metadata (stages/models/text_classifier.py)
-
-The generative kinds (lda, qda, diffusion, autoregressive) also have `log_likelihood(x)`,
-per-example log p(x) (an ELBO estimate for diffusion, of the tokenised x for autoregressive).
-
-For both, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
+For all, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
 (never unpickles) and rejects weights that do not fit the declared architecture.
 """
 
@@ -63,7 +54,6 @@ CONFIG = "config.json"
 HISTORY = "history.parquet"
 ENCODER = "encoder.safetensors"
 EMBEDDINGS = "embeddings.parquet"
-KINDS = ("mlp", "lda", "qda", "diffusion", "autoregressive", "text")
 
 
 class Classifier(Protocol):
@@ -154,31 +144,18 @@ def load_model(model_dir: str | os.PathLike[str]) -> Classifier:
 
 
 def _build(meta: dict[str, Any], path: Path) -> nn.Module:
-    from stages.models.lda import LDAClassifier
-    from stages.models.nets import MLPClassifier, MLPEncoder
+    from stages import registry
 
     kind = meta.get("kind")
-    if kind not in KINDS:
-        raise ArtifactError(f"{path}: unknown model kind {kind!r} (expected one of {list(KINDS)})")
-    in_dim = _positive_int(meta, "in_dim", path)
-    n_classes = _positive_int(meta, "n_classes", path)
-    if kind == "lda":
-        return LDAClassifier(in_dim, n_classes)
-    if kind == "qda":
-        from stages.models.lda import QDAClassifier
-
-        return QDAClassifier(in_dim, n_classes)
-    if kind in ("diffusion", "autoregressive", "text"):
-        from stages.models.autoregressive import AutoregressiveClassifier
-        from stages.models.diffusion import DiffusionClassifier
-        from stages.models.text_classifier import TextClassifier
-
-        cls = {"diffusion": DiffusionClassifier, "autoregressive": AutoregressiveClassifier, "text": TextClassifier}[kind]
-        try:
-            return cls.from_arch(meta)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"{path}: metadata does not describe a {kind} model ({e})") from None
-    return MLPClassifier(MLPEncoder(in_dim, _widths(meta, path)), n_classes)
+    cls = registry.model_class(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ArtifactError(f"{path}: unknown model kind {kind!r} (expected one of {registry.model_kinds()})")
+    _positive_int(meta, "in_dim", path)
+    _positive_int(meta, "n_classes", path)
+    try:
+        return cls.from_arch(meta)  # type: ignore[attr-defined]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: metadata does not describe a {kind} model ({e})") from None
 
 
 def _positive_int(meta: dict[str, Any], key: str, path: Path) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,7 +36,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.models.generative import log_priors, logsumexp_np
+from stages.models.generative import GenerativeFitConfig, log_priors, logsumexp_np
+from stages.registry import register_method, register_model
+from stages.schema import Checks, option
+
+
+@dataclass
+class AutoregressiveConfig(GenerativeFitConfig):
+    """Class-conditional causal transformer over quantised features: class score = Σ log p(token | prefix, y) + log prior."""
+
+    bins: int = option("quantisation bins per feature (the token vocabulary)")
+    bin_edges: str = option("bin edges per feature: quantile (train quantiles) | uniform (over the train range)")
+    d_model: int = option("transformer width")
+    layers: int = option("transformer blocks")
+    heads: int = option("attention heads (must divide d_model)")
+    ff: int = option("hidden width of each block's MLP")
+    input: str = option("tokens from: auto (text when the dataset has a text column, else x) | x (quantised features) | text (UTF-8 bytes)")
+    max_len: int = option("text input: byte tokens per example incl. the end token (longer text is truncated)")
+
+    def check(self, c: Checks) -> None:
+        super().check(c)
+        c.choice(self.input, "input", ["auto", "x", "text"])
+        c.require(self.max_len >= 2, "max_len", f"must be >= 2, got {self.max_len}")
+        c.require(self.bins >= 2, "bins", f"must be >= 2, got {self.bins}")
+        c.choice(self.bin_edges, "bin_edges", ["quantile", "uniform"])
+        c.require(self.d_model >= 1, "d_model", f"must be >= 1, got {self.d_model}")
+        c.require(self.layers >= 1, "layers", f"must be >= 1, got {self.layers}")
+        c.require(self.heads >= 1 and self.d_model % max(self.heads, 1) == 0, "heads",
+                  f"must be >= 1 and divide d_model={self.d_model}, got {self.heads}")
+        c.require(self.ff >= 1, "ff", f"must be >= 1, got {self.ff}")
+
 
 BIN_EDGES = ("quantile", "uniform")
 
@@ -154,10 +184,10 @@ class CausalBlock(nn.Module):
         return h + self.mlp(self.ln2(h))
 
 
+@register_model("autoregressive")
 class AutoregressiveClassifier(nn.Module):
     """Tokenizer + class-conditional causal transformer; scores as in the module docstring."""
 
-    kind = "autoregressive"
 
     def __init__(
         self,
@@ -331,3 +361,15 @@ def train_autoregressive(
     result = fit_generative(model, splits, model.loss, scorer, opts, generator, desc, checkpoint=checkpoint)
     model.load_state_dict(result.state_dict)
     return model.eval(), result
+
+
+def train(job: Any) -> Any:
+    """`train_autoregressive`, resumable like every epoch-trained method."""
+    from stages.models.training import epoch_trained
+
+    ckpt = job.checkpointer()
+    model, result = train_autoregressive(job.prepared, job.cfg, job.seed, desc=job.desc, checkpoint=ckpt)
+    return epoch_trained(model, result, job.cfg.selection, ckpt)
+
+
+register_method("autoregressive", AutoregressiveConfig, train, generative=True, model="autoregressive")

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,8 +52,57 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.models.generative import LOG_2PI, log_priors, logsumexp_np
+from stages.models.generative import LOG_2PI, GenerativeFitConfig, log_priors, logsumexp_np
 from stages.models.nets import Standardize
+from stages.registry import register_method, register_model
+from stages.schema import Checks, ConfigError, option
+
+
+@dataclass
+class DiffusionConfig(GenerativeFitConfig):
+    """Class-conditional DDPM classifier: class score = −mean w(t)·‖ε_θ(x_t, t, y) − ε‖² + log prior."""
+
+    denoiser: str = option("auto (conv for C×H×W data, else mlp) | mlp | conv")
+    width: int = option("hidden width of the mlp denoiser")
+    channels: int = option("channels of the conv denoiser")
+    depth: int = option("residual hidden layers of the denoiser")
+    steps: int = option("T: diffusion timesteps")
+    schedule: str = option("noise schedule: cosine | linear")
+    class_dropout: float = option("P(label replaced by the null class) in training (classifier-free), in [0, 1)")
+    weighting: str = option("score weighting w(t): simple (1) | elbo")
+    draws: int = option("(t, ε) draws per example when scoring, shared by every class")
+    select_draws: int = option("draws per example when scoring the splits for checkpoint selection")
+    prune_keep: int = option("adaptive pruning: classes kept after the first prune_draws draws (0 = off)")
+    prune_draws: int = option("draws that score every class before pruning")
+    score_seed: int = option("seed of the scoring draws (scores depend only on it, the model and x)")
+    score_rows: int = option("denoiser rows per scoring forward pass (memory; fixes the draw chunks)")
+
+    def check(self, c: Checks) -> None:
+        super().check(c)
+        c.choice(self.denoiser, "denoiser", ["auto", "mlp", "conv"])
+        c.require(self.width >= 1, "width", f"must be >= 1, got {self.width}")
+        c.require(self.channels >= 1, "channels", f"must be >= 1, got {self.channels}")
+        c.require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
+        c.require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
+        c.choice(self.schedule, "schedule", ["cosine", "linear"])
+        c.require(0 <= self.class_dropout < 1, "class_dropout", f"must be in [0, 1), got {self.class_dropout}")
+        c.choice(self.weighting, "weighting", ["simple", "elbo"])
+        c.require(self.draws >= 1, "draws", f"must be >= 1, got {self.draws}")
+        c.require(self.select_draws >= 1, "select_draws", f"must be >= 1, got {self.select_draws}")
+        c.require(self.prune_keep >= 0, "prune_keep", f"must be >= 0 (0 = no pruning), got {self.prune_keep}")
+        if self.prune_keep:
+            c.require(1 <= self.prune_draws < self.draws, "prune_draws",
+                      f"must be in [1, draws={self.draws}) when prune_keep > 0, got {self.prune_draws}")
+        c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
+
+    def check_data(self, key: str, n_classes: int) -> None:
+        """Checks that need the dataset: pruning must keep fewer classes than there are."""
+        if self.prune_keep and self.prune_keep >= n_classes:
+            raise ConfigError(
+                f"params.yaml: {key}.prune_keep: must be < the dataset's n_classes ({n_classes}) "
+                f"when pruning, got {self.prune_keep}"
+            )
+
 
 SCHEDULES = ("linear", "cosine")
 WEIGHTINGS = ("simple", "elbo")
@@ -192,10 +242,10 @@ def resolve_denoiser(denoiser: str, shape: list[int]) -> str:
 # ---- the classifier -----------------------------------------------------------------------
 
 
+@register_model("diffusion")
 class DiffusionClassifier(nn.Module):
     """Standardisation + denoiser + schedule, and the scoring rule of the module docstring."""
 
-    kind = "diffusion"
 
     def __init__(
         self,
@@ -460,3 +510,16 @@ def train_diffusion(
     result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint)
     model.load_state_dict(result.state_dict)
     return model.eval(), result
+
+
+def train(job: Any) -> Any:
+    """Check the config against the data (before any work), then `train_diffusion`."""
+    from stages.models.training import epoch_trained
+
+    job.cfg.check_data(job.key, job.prepared.n_classes)
+    ckpt = job.checkpointer()
+    model, result = train_diffusion(job.prepared, job.cfg, job.seed, desc=job.desc, checkpoint=ckpt)
+    return epoch_trained(model, result, job.cfg.selection, ckpt)
+
+
+register_method("diffusion", DiffusionConfig, train, generative=True, model="diffusion")

@@ -1,5 +1,5 @@
-"""What the trained generative classifiers (diffusion, autoregressive) share: their entry to
-the training loop, and class priors.
+"""What the trained generative classifiers share: their config keys (`GenerativeFitConfig`),
+their entry to the training loop, and class priors.
 
 A generative model is trained by maximum likelihood of x given its label — its training
 loss never scores the other classes — so its step is the model's own per-batch loss, not
@@ -7,7 +7,7 @@ loss never scores the other classes — so its step is the model's own per-batch
 runs that step through the one loop `training.fit_loop` (same `run_epoch`, the same named
 selection criteria `training.SELECTION_METRIC`: val_avg, val_worst_group, oracle; ties to
 the earlier epoch; the same checkpoint/resume). Classifying is far dearer than a training
-step (every class, and for diffusion many noise draws), so the splits are scored every
+step (every class, and for a denoising model many noise draws), so the splits are scored every
 `eval_every` epochs and at the last epoch (with the model's cheaper selection-time scorer),
 not after every epoch; history has rows only for the scored epochs.
 """
@@ -23,9 +23,32 @@ import numpy as np
 import torch
 
 from stages.models.training import Batch, FitOptions, FitResult, SplitData, fit_loop, split_metrics
+from stages.schema import Checks, option, train_and_selection_splits
 
 if TYPE_CHECKING:
     from stages.checkpoint import Checkpointer
+
+
+@dataclass
+class GenerativeFitConfig:
+    """Optimisation and selection keys shared by the trained generative classifiers."""
+
+    kind: str = option("method family")
+    lr: float = option("AdamW learning rate")
+    weight_decay: float = option("AdamW weight decay")
+    epochs: int = option("training epochs")
+    batch_size: int = option("minibatch size")
+    selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
+    eval_every: int = option("score the splits (for selection and history) every N epochs and at the last")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """The splits whose rows can change the trained weights: train, and the selection split."""
+        return train_and_selection_splits(self.selection)
+
+    def check(self, c: Checks) -> None:
+        c.minibatch(self)
+        c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
+
 
 Scorer = Callable[[torch.Tensor], torch.Tensor]
 """Class scores (n, n_classes) of a batch of raw inputs, used only for selection."""
@@ -39,7 +62,7 @@ class GenerativeFitOptions(FitOptions):
 
     @classmethod
     def from_config(cls, cfg: Any) -> GenerativeFitOptions:
-        """From a DiffusionConfig / AutoregressiveConfig."""
+        """From a `GenerativeFitConfig` (or a subclass)."""
         return cls(cfg.lr, cfg.epochs, cfg.batch_size, cfg.selection, cfg.weight_decay, cfg.eval_every)
 
 
@@ -58,7 +81,7 @@ def fit_generative(
 
     `model` is left holding its last-epoch weights, in eval mode; the selected ones are in
     the result. With `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is
-    `training.fit_loop`); `batch_loss` may draw from `generator` (diffusion's t and ε), whose
+    `training.fit_loop`); `batch_loss` may draw from `generator` (e.g. a denoiser's t and ε), whose
     state the checkpoint carries.
     """
     @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The discriminative networks: an MLP encoder, an MLP classifier on top of it, and the DAE.
+"""The networks the others build on: input standardisation, an MLP encoder, and the DAE.
 
 Every network standardises its own inputs with the train split's mean and std, held as
 buffers, so a stored state_dict is self-contained: evaluate feeds raw `x` and needs
@@ -53,38 +53,6 @@ class MLPEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-
-class MLPClassifier(nn.Module):
-    """standardise → encoder → linear head; `logits` is the evaluate-facing interface."""
-
-    kind = "mlp"
-
-    def __init__(self, encoder: MLPEncoder, n_classes: int, standardize: Standardize | None = None) -> None:
-        super().__init__()
-        self.standardize = standardize if standardize is not None else Standardize(encoder.in_dim)
-        self.encoder = encoder
-        self.head = nn.Linear(encoder.out_dim, int(n_classes))
-        self.n_classes = int(n_classes)
-        self.in_dim = encoder.in_dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.standardize(x)))
-
-    def arch(self) -> dict:
-        """The architecture arguments `load_model` rebuilds this network from."""
-        return {"kind": self.kind, "in_dim": self.in_dim, "hidden": self.encoder.hidden, "n_classes": self.n_classes}
-
-    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
-        """Class scores (float32, (n, n_classes)); softmax gives p(y | x)."""
-        return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
-
-    def cost_per_example(self) -> dict[str, int]:
-        """params: numbers in the state_dict; macs: multiply-adds of the Linear layers for one
-        example (the standardisation and ReLUs are elementwise and not counted); one forward pass."""
-        params = sum(t.numel() for t in self.state_dict().values())
-        macs = sum(m.in_features * m.out_features for m in self.modules() if isinstance(m, nn.Linear))
-        return {"params": int(params), "macs": int(macs), "forward_passes": 1}
 
 
 class DenoisingAutoencoder(nn.Module):

@@ -1,18 +1,9 @@
-"""The shortcut-robust baselines' own pieces, and the selection record every method shares.
+"""Pieces the shortcut-robust methods share, and the selection record every method keeps.
 
-    reweight  cross-entropy with per-example weights ∝ 1 / frequency of the example's class
-              or group in train (`balanced_weights`, `weighted_cross_entropy`)
-    jtt       Just Train Twice (Liu et al. 2021): a short ERM run identifies the train
-              examples it gets wrong (`identify_errors`); a fresh model of the same
-              backbone is retrained with those examples' weight multiplied by λ
-              (`jtt_weights`, `weighted_cross_entropy`)
-    dfr       Deep Feature Reweighting (Kirichenko et al. 2023): logistic regression on
-              frozen embeddings, fitted on a group-balanced half of the validation split,
-              its inverse regularisation strength C chosen on the other half
-              (`fit_dfr`, `dfr_classifier`)
-
-Per-example weights are normalised to mean 1 over train, so a weighted loss has the scale of
-plain cross-entropy and the same learning rate suits every method.
+`weighted_cross_entropy` with per-example weights `normalised` to mean 1 over train (so a
+weighted loss has the scale of plain cross-entropy and the same learning rate suits every
+method); `logistic_regression`, an exact L2 logistic regression (last-layer retraining);
+`group_scores`, accuracy and worst-group accuracy of logits.
 
 `selection_summary` turns a training history into the epoch (and its metrics) each named
 criterion — val_avg, val_worst_group, oracle — would pick, so every model's config.json
@@ -21,8 +12,6 @@ reports all three while only the configured one chose the saved weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,17 +22,13 @@ import torch.nn.functional as F
 from stages.models.training import (
     SELECTION_METRIC,
     Batch,
-    FitOptions,
-    SplitData,
-    cross_entropy,
-    fit_classifier,
 )
 
 if TYPE_CHECKING:
-    from stages.models.nets import MLPClassifier, MLPEncoder, Standardize
+    pass
 
 
-# ---- weighted losses (reweight, jtt) ---------------------------------------------------------
+# ---- weighted losses ---------------------------------------------------------------------------
 
 
 def weighted_cross_entropy(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -56,93 +41,6 @@ def normalised(weights: torch.Tensor) -> torch.Tensor:
     """`weights` (float32) scaled to mean 1."""
     w = weights.double()
     return (w * (len(w) / w.sum())).float()
-
-
-def balanced_weights(labels: torch.Tensor, n_values: int) -> torch.Tensor:
-    """Per-example weights ∝ 1 / count of the example's label (class or group) in `labels`.
-
-    Every value present then carries the same total weight; weights have mean 1.
-    """
-    counts = torch.bincount(labels, minlength=n_values).double()
-    if len(counts) > n_values:
-        raise ValueError(f"labels go up to {int(labels.max())} but there are {n_values} values")
-    return normalised(1.0 / counts[labels])
-
-
-def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
-    """Weight λ = `upweight` for the identified errors, 1 for the rest, then scaled to mean 1."""
-    return normalised(torch.where(errors, float(upweight), 1.0).double())
-
-
-@torch.no_grad()
-def misclassified(model: torch.nn.Module, split: SplitData, batch_size: int = 4096) -> torch.Tensor:
-    """Boolean mask of the examples of `split` that `model` (in eval mode) gets wrong."""
-    was_training = model.training
-    model.eval()
-    try:
-        pred = torch.cat([model(split.x[i : i + batch_size]).argmax(1) for i in range(0, len(split), batch_size)])
-    finally:
-        model.train(was_training)
-    return pred != split.y
-
-
-@dataclass
-class Identification:
-    """JTT's first run: which train examples its ERM model got wrong, and a summary for config.json."""
-
-    errors: torch.Tensor
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
-def identify_errors(
-    model: torch.nn.Module,
-    splits: Mapping[str, SplitData],
-    opts: FitOptions,
-    id_epochs: int,
-    generator: torch.Generator,
-    n_groups: int,
-    desc: str = "jtt identify",
-) -> Identification:
-    """Train `model` with plain cross-entropy for `id_epochs` epochs; its last-epoch errors on train.
-
-    JTT uses the identification model as it stands after `id_epochs` epochs (no checkpoint
-    selection). The summary has the error-set size, its share of train and its group counts.
-    """
-    id_opts = FitOptions(opts.lr, id_epochs, opts.batch_size, opts.selection, opts.weight_decay)
-    fit_classifier(model, splits, cross_entropy, id_opts, generator, desc=desc)  # model keeps its last epoch
-    train = splits["train"]
-    errors = misclassified(model, train)
-    by_group = torch.bincount(train.g[errors], minlength=n_groups).tolist()
-    summary = {
-        "id_epochs": id_epochs,
-        "n_errors": int(errors.sum()),
-        "n_train": len(train),
-        "error_rate": float(errors.double().mean()),
-        "errors_by_group": {str(g): int(n) for g, n in enumerate(by_group)},
-    }
-    return Identification(errors, summary)
-
-
-# ---- DFR -------------------------------------------------------------------------------------
-
-
-def halves(g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Split row indices into (fit, tune) halves stratified by group: per group, a seeded
-    permutation gives the first ceil(n/2) rows to fit and the rest to tune. Sorted indices."""
-    fit, tune = [], []
-    for value in np.unique(g):
-        idx = rng.permutation(np.flatnonzero(g == value))
-        cut = (len(idx) + 1) // 2
-        fit.append(idx[:cut])
-        tune.append(idx[cut:])
-    return np.sort(np.concatenate(fit)), np.sort(np.concatenate(tune))
-
-
-def balanced_subsample(g: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Indices of a group-balanced subset: every group present, down-sampled to the smallest."""
-    values, counts = np.unique(g, return_counts=True)
-    m = int(counts.min())
-    return np.sort(np.concatenate([rng.choice(np.flatnonzero(g == v), m, replace=False) for v in values]))
 
 
 def logistic_regression(
@@ -158,7 +56,7 @@ def logistic_regression(
     """
     present = np.unique(y)
     if list(present) != list(range(n_classes)):
-        raise ValueError(f"DFR fit set has classes {present.tolist()}, needs all of 0..{n_classes - 1}")
+        raise ValueError(f"fit set has classes {present.tolist()}, needs all of 0..{n_classes - 1}")
     n, d = np.shape(z)
     x = torch.cat([torch.as_tensor(np.asarray(z), dtype=torch.float64), torch.ones(n, 1, dtype=torch.float64)], 1)
     yt = torch.as_tensor(np.asarray(y), dtype=torch.int64)
@@ -212,116 +110,6 @@ def group_scores(logits: np.ndarray, y: np.ndarray, g: np.ndarray) -> dict[str, 
     correct = logits.argmax(1) == y
     wga = min(float(correct[g == v].mean()) for v in np.unique(g))
     return {"acc": float(correct.mean()), "worst_group_acc": wga}
-
-
-@dataclass
-class Embedded:
-    """A split's embeddings with labels and groups (numpy)."""
-
-    z: np.ndarray
-    y: np.ndarray
-    g: np.ndarray
-
-
-@dataclass
-class DFRCandidate:
-    """One value of C: its head (on raw embeddings) and its scores on the tune half."""
-
-    c: float
-    weight: np.ndarray
-    bias: np.ndarray
-    tune: dict[str, float]
-
-
-@dataclass
-class DFRResult:
-    """The chosen head and everything config.json records about the fit."""
-
-    weight: np.ndarray
-    bias: np.ndarray
-    c: float
-    candidates: list[DFRCandidate]
-    summary: dict[str, Any]
-
-
-# The tune-half score each criterion maximises over C (oracle: test_ood worst-group).
-DFR_CRITERIA = {"val_avg": "acc", "val_worst_group": "worst_group_acc", "oracle": "worst_group_acc"}
-
-
-def fit_dfr(
-    val: Embedded,
-    n_classes: int,
-    c_grid: Sequence[float],
-    n_fits: int,
-    selection: str,
-    seed: int,
-    oracle: Embedded | None = None,
-    balance: str = "subsample",
-) -> DFRResult:
-    """DFR on validation embeddings only (plus test_ood embeddings when `selection` is oracle).
-
-    val is split into halves stratified by group (`halves`). For each C in `c_grid`
-    (ascending), logistic regressions are fitted on the fit half's embeddings, standardised
-    with the fit half's mean and std, balanced over groups either by `balance="subsample"`
-    (as in the DFR paper: `n_fits` independent group-balanced subsamples, `balanced_subsample`,
-    whose heads are averaged) or by `balance="weight"` (one fit on the whole fit half with
-    sample weights ∝ 1 / group count, so each group weighs the same). The C whose head scores best on the
-    tune half (selection val_worst_group: worst-group accuracy; val_avg: accuracy; oracle:
-    test_ood worst-group accuracy) wins; ties go to the smaller C (stronger regularisation).
-    The returned head acts on raw embeddings (the standardisation is folded in).
-    """
-    if selection not in DFR_CRITERIA:
-        raise ValueError(f"unknown selection '{selection}'")
-    if selection == "oracle" and oracle is None:
-        raise ValueError("selection 'oracle' needs the test_ood embeddings")
-    if balance not in ("subsample", "weight"):
-        raise ValueError(f"unknown balance '{balance}'")
-    rng = np.random.default_rng(seed)
-    fit_idx, tune_idx = halves(val.g, rng)
-    g_fit, y_fit = val.g[fit_idx], val.y[fit_idx]
-    if balance == "subsample":
-        subsets = [(balanced_subsample(g_fit, rng), None) for _ in range(n_fits)]
-    else:
-        values, inverse, counts = np.unique(g_fit, return_inverse=True, return_counts=True)
-        weight = len(g_fit) / (len(values) * counts[inverse])  # mean 1, equal total per group
-        subsets = [(np.arange(len(fit_idx)), weight)]
-    z_fit = val.z[fit_idx].astype(np.float64)
-    mean = z_fit.mean(0)
-    std = z_fit.std(0)
-    std = np.where(std < 1e-6, 1.0, std)
-    candidates = []
-    for c in sorted(float(c) for c in c_grid):
-        heads = [logistic_regression((z_fit[s] - mean) / std, y_fit[s], n_classes, c, w) for s, w in subsets]
-        w = np.mean([h[0] for h in heads], axis=0) / std  # fold the standardisation in
-        b = np.mean([h[1] for h in heads], axis=0) - w @ mean
-        tune = group_scores(val.z[tune_idx] @ w.T + b, val.y[tune_idx], val.g[tune_idx])
-        if oracle is not None and selection == "oracle":
-            tune["oracle"] = group_scores(oracle.z @ w.T + b, oracle.y, oracle.g)["worst_group_acc"]
-        candidates.append(DFRCandidate(c, w, b, tune))
-    key = "oracle" if selection == "oracle" else DFR_CRITERIA[selection]
-    best = max(candidates, key=lambda cand: cand.tune[key])  # max keeps the first (smallest C) of ties
-    summary = {
-        "c": best.c,
-        "n_val_fit": int(len(fit_idx)),
-        "n_val_tune": int(len(tune_idx)),
-        "balance": balance,
-        "n_fit_rows": int(len(subsets[0][0])),
-        "n_fits": len(subsets),
-        "tuned_on": "test_ood" if selection == "oracle" else "val (tune half)",
-        "grid": [{"c": cand.c, **{f"tune_{k}": v for k, v in cand.tune.items()}} for cand in candidates],
-    }
-    return DFRResult(best.weight, best.bias, best.c, candidates, summary)
-
-
-def dfr_classifier(standardize: Standardize, encoder: MLPEncoder, weight: np.ndarray, bias: np.ndarray) -> MLPClassifier:
-    """The frozen encoder with the DFR head: an ordinary MLPClassifier mapping raw x to logits."""
-    from stages.models.nets import MLPClassifier
-
-    model = MLPClassifier(encoder, len(bias), standardize)
-    with torch.no_grad():
-        model.head.weight.copy_(torch.from_numpy(weight).float())
-        model.head.bias.copy_(torch.from_numpy(bias).float())
-    return model.eval()
 
 
 # ---- selection record ------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The one minibatch training loop, its losses, per-epoch evaluation and checkpoint selection.
 
-`fit_loop` is the only epoch / selection / checkpoint loop: erm, groupdro, reweight, jtt,
-probe, text_erm and distill reach it through `fit_classifier` (a loss on class logits),
-diffusion and autoregressive through `generative.fit_generative` (the model's own
-likelihood loss, scored every `eval_every` epochs); pretrain's denoising autoencoder calls
-the inner `run_epoch` with its own reconstruction loss.
+`fit_loop` is the only epoch / selection / checkpoint loop: the discriminative methods and
+distill reach it through `fit_classifier` (a loss on class logits), the trained generative
+classifiers through `generative.fit_generative` (the model's own likelihood loss, scored
+every `eval_every` epochs); pretrain's denoising autoencoder calls the inner `run_epoch`
+with its own reconstruction loss.
+
+`TrainJob` is what the train stage hands a method's registered `train` function, `Trained`
+what the function returns (stages/registry.py).
 
 History (`artifacts.HISTORY_SCHEMA`): after every epoch (1..epochs) the model is scored on
 every split present; `loss` there is the mean cross-entropy of the labels (whatever the
@@ -132,36 +135,6 @@ def cross_entropy(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits, batch["y"])
 
 
-class GroupDROLoss:
-    """Group DRO (Sagawa et al. 2020, online algorithm): Σ_g q_g · mean loss of group g.
-
-    After each batch q ← q · exp(eta · loss_g), renormalised; q persists across batches,
-    so groups that stay bad gain weight. Groups absent from a batch keep their weight.
-    """
-
-    def __init__(self, n_groups: int, eta: float) -> None:
-        self.n_groups = int(n_groups)
-        self.eta = float(eta)
-        self.q = torch.full((self.n_groups,), 1.0 / self.n_groups)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The group weights q (what a checkpoint must carry to resume exactly)."""
-        return {"q": self.q.clone()}
-
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.q = state["q"].clone()
-
-    def __call__(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        losses = F.cross_entropy(logits, batch["y"], reduction="none")
-        onehot = F.one_hot(batch["g"], self.n_groups).to(losses.dtype)  # (b, G)
-        counts = onehot.sum(0)
-        group_loss = (onehot.T @ losses) / counts.clamp(min=1)
-        with torch.no_grad():
-            self.q = self.q * torch.exp(self.eta * group_loss.detach())
-            self.q = self.q / self.q.sum()
-        return group_loss @ self.q
-
-
 def distillation_loss(temperature: float, alpha: float) -> LossFn:
     """alpha·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + (1−alpha)·CE(student, y).
 
@@ -227,7 +200,7 @@ def history_rows(epoch: int, metrics: Mapping[str, Mapping[str, float]]) -> list
 
 @dataclass
 class FitOptions:
-    """Optimisation and selection settings of `fit_loop` (erm, groupdro, distill, ...)."""
+    """Optimisation and selection settings of `fit_loop` (any minibatch-trained method, distill)."""
 
     lr: float
     epochs: int
@@ -297,7 +270,7 @@ def fit_classifier(
     `model` is left holding its last-epoch weights; the selected ones are in the result.
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
     `checkpoint.every` epochs, and on SIGINT/SIGTERM writes one and raises StageInterrupted
-    (see `fit_loop`). A `loss_fn` with `state_dict` (GroupDROLoss) has its state checkpointed.
+    (see `fit_loop`). A `loss_fn` with `state_dict` (e.g. Group DRO's group weights) has its state checkpointed.
     """
     def step(batch: Batch) -> torch.Tensor:
         return loss_fn(model(batch["x"]), batch)
@@ -332,10 +305,10 @@ def fit_loop(
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
     `checkpoint.every` epochs (scored or not), and on SIGINT/SIGTERM writes one and raises
     StageInterrupted. A checkpoint holds model, optimiser, `loss_state` (an object with
-    state_dict/load_state_dict, e.g. GroupDROLoss; None if the loss keeps no state), the RNGs
+    state_dict/load_state_dict, e.g. Group DRO's loss; None if the loss keeps no state), the RNGs
     (torch's global one, `generator`, Python's, numpy's), history and best so far — all a
     step or `evaluate` may consume, so a resumed run is byte-identical. `step` and `evaluate`
-    must not draw from any other stateful RNG (diffusion's scorer seeds its own generator
+    must not draw from any other stateful RNG (a generative scorer seeds its own generator
     afresh on every call, so it needs nothing saved).
     """
     from stages.checkpoint import StopRequest, stop_requests
@@ -452,3 +425,91 @@ def _restore(
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"its metadata is incomplete ({e!r})") from None
     return history, best
+
+
+# ---- the train stage's interface to a method -------------------------------------------------
+
+
+@dataclass
+class TrainJob:
+    """One train stage, train@<dataset>-<method>-<seed>, as a method's `train` function sees it."""
+
+    dataset: str
+    method: str  # the name under `method:` in params.yaml
+    seed: int
+    cfg: Any  # the validated config, of the schema the method's kind registered
+    prepared: Prepared
+    checkpoint_every: int  # the `train` section (stages/settings.py TrainConfig)
+    resume: bool
+
+    @property
+    def desc(self) -> str:
+        """Progress-bar label."""
+        return f"train {self.method}"
+
+    @property
+    def key(self) -> str:
+        """The params key of the method's config (for error messages)."""
+        return f"method.{self.method}"
+
+    def checkpointer(self, code: list[Any] | None = None) -> Any:
+        """The Checkpointer of this stage, fingerprinted by its config, inputs and code
+        (resuming never crosses a change of any of them; see stages/checkpoint.py)."""
+        import dataclasses
+        from pathlib import Path
+
+        from stages.artifacts import pretrained_dir
+        from stages.checkpoint import Checkpointer, fingerprint
+        from stages.models import ENCODER
+
+        here = Path(__file__).resolve().parent.parent
+        pretrained = getattr(self.cfg, "init", "scratch") == "pretrained"
+        inputs = [prepared_path(self.dataset)] + ([pretrained_dir(self.dataset) / ENCODER] if pretrained else [])
+        code = code or [here / "train.py", here / "models", here / "checkpoint.py", here / "runtime.py"]
+        config = {"dataset": self.dataset, "method": self.method, "seed": self.seed, "config": dataclasses.asdict(self.cfg)}
+        return Checkpointer(
+            stage=f"train@{self.dataset}-{self.method}-{self.seed}",
+            fingerprint=fingerprint(config, inputs, code),
+            every=self.checkpoint_every,
+            resume=self.resume,
+        )
+
+
+@dataclass
+class Trained:
+    """What a method's `train` returns: the model (holding the weights to save), its metrics
+    per split, its history, a few words on how the weights were chosen, the keys it adds to
+    config.json (`architecture`, `selection`, ... — see stages/train.py), and the checkpoint
+    to drop once the model folder is written."""
+
+    model: Any
+    metrics: dict[str, dict[str, float]]
+    history: pa.Table
+    how: str
+    record: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Any = None
+
+
+def epoch_trained(model: Any, result: FitResult, selection: str, checkpoint: Any, **record: Any) -> Trained:
+    """A model trained by epochs through `fit_loop`: the epoch `selection` chose, and what every
+    criterion would have chosen (`selections`)."""
+    from stages.models.robust import selection_summary
+
+    record.setdefault("architecture", model.arch())
+    record.update(selection=selection, selected_epoch=result.selected_epoch, metrics=result.selected_metrics)
+    record.update(selections=selection_summary(result.history))
+    how = f"epoch {result.selected_epoch} selected by {selection}"
+    return Trained(model, result.selected_metrics, result.history, how, record, checkpoint)
+
+
+def fitted_once(model: Any, prepared: Prepared, how: str, **record: Any) -> Trained:
+    """A model fitted without epochs (closed form, or a head on frozen features): every split
+    scored once, history as epoch 0."""
+    metrics = {}
+    with torch.no_grad():
+        for name, s in split_data(prepared).items():
+            metrics[name] = split_metrics(model(s.x), s.y, s.g)
+    record.setdefault("architecture", model.arch())
+    record.setdefault("selected_epoch", 0)
+    record["metrics"] = metrics
+    return Trained(model, metrics, history_table(history_rows(0, metrics)), how, record)

@@ -1,0 +1,246 @@
+"""The exact code each DVC stage runs, so DVC re-runs a stage when (and only when) it changes.
+
+A stage's code is its entrypoint (stages/<stage>.py) with everything it imports, transitively,
+plus the modules it reaches through the registry by kind: train its method's module
+(stages/models/<kind>.py), prepare its dataset's module, evaluate its dataset's and its
+model's (the model kind the method registered, e.g. `mlp`), distill its teacher's model's. Imports are read from the source
+(`ast`), nothing is executed, and this module imports nothing from the project, so that
+DVC's own Hydra composition (hydra_plugins/shiftlab) can call it:
+
+- the code common to every item of a stage (its entrypoint's closure) is written into
+  dvc.yaml itself by `python -m stages.dag` (`make dag`; tests/test_dag.py fails when
+  dvc.yaml is stale);
+- the part that depends on an item's kind goes into params.yaml's `dag` section, which
+  `run.*` and the kinds in `dataset.*` / `method.*` determine, as a fixed number of slots
+  (`${item.code[0]}` ...; DVC cannot interpolate a list into deps), padded by repeating an
+  entry already present — DVC records a repeated dependency twice, which changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("stages",)
+ENTRYPOINTS = ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
+SLOTS = 12  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
+STUDENT_SUFFIX = "_student"  # stages.settings.STUDENT_SUFFIX (this module imports nothing)
+STUDENT_MODEL = "mlp"  # the model kind stages/distill.py trains
+
+
+def module_file(module: str, root: Path = ROOT) -> Path | None:
+    """The file of a project module (`stages.models.<kind>` -> stages/models/<kind>.py), or None."""
+    if module.split(".")[0] not in PACKAGES:
+        return None
+    base = root.joinpath(*module.split("."))
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def imports(path: Path, root: Path = ROOT) -> set[Path]:
+    return set(_imports(Path(path), root, Path(path).stat().st_mtime_ns))
+
+
+@functools.cache
+def _imports(path: Path, root: Path, mtime: int) -> frozenset[Path]:
+    """Project files `path` imports: at top level or inside functions (they run too), not under
+    `if TYPE_CHECKING:`; importing a.b.c counts a/__init__.py and a/b/__init__.py too."""
+    tree = ast.parse(path.read_text())
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only |= {id(n) for n in ast.walk(node)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    found = set()
+    for name in names:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            f = module_file(".".join(parts[:i]), root)
+            if f is not None:
+                found.add(f)
+    return frozenset(found)
+
+
+def closure(files: Iterable[Path], root: Path = ROOT) -> list[str]:
+    """`files` and every project file they import, transitively, as sorted repo-relative paths."""
+    seen: set[Path] = set()
+    todo = [Path(f) for f in files]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        todo.extend(imports(f, root) - seen)
+    return sorted(p.relative_to(root).as_posix() for p in seen)
+
+
+def entrypoint_code(stage: str, root: Path = ROOT) -> list[str]:
+    """The code every item of `stage` runs: stages/<stage>.py and its imports (for the report,
+    which asks every model's method module whether it is generative, every method module's too)."""
+    files = [root / "stages" / f"{stage}.py"]
+    if stage == "report":
+        files += sorted((root / "stages" / "models").glob("*.py"))
+    return closure(files, root)
+
+
+def kind_code(stage: str, modules: Iterable[str], root: Path = ROOT) -> list[str]:
+    """The code an item adds by its kinds' `modules` (e.g. `stages.models.<kind>`): their closure
+    minus the entrypoint's, padded to SLOTS by repeating its last entry."""
+    files = []
+    for m in modules:
+        f = module_file(m, root)
+        if f is None:
+            raise ValueError(f"no module {m} (a kind's module is stages/models/<kind>.py or stages/datasets/<kind>.py)")
+        files.append(f)
+    extra = [p for p in closure(files, root) if p not in set(entrypoint_code(stage, root))]
+    if len(extra) > SLOTS:
+        raise ValueError(f"{stage}: {len(extra)} kind-specific code files {extra}; raise stages/dag.py SLOTS")
+    return extra + [extra[-1]] * (SLOTS - len(extra)) if extra else [f"stages/{stage}.py"] * SLOTS
+
+
+def registered(module_path: Path, call: str) -> dict[str, Any]:
+    """The literal keyword arguments of the module's `call(...)` (its registration)."""
+    for node in ast.walk(ast.parse(module_path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == call:
+            out = {}
+            for kw in node.keywords:
+                try:
+                    out[kw.arg] = ast.literal_eval(kw.value)
+                except ValueError:
+                    out[kw.arg] = None
+            return out
+    raise ValueError(f"{module_path}: no {call}(...) call")
+
+
+def method_registration(kind: str, root: Path = ROOT) -> dict[str, Any]:
+    """The literal keywords of stages/models/<kind>.py's `register_method` (see stages/registry.py)."""
+    return registered(root / "stages" / "models" / f"{kind}.py", "register_method")
+
+
+def needs_pretrained(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> bool:
+    """Whether method `kind` with config `cfg` reads data/pretrained (its registration's
+    `pretrained`: "never", "always", or "init" = when `cfg.init` is "pretrained")."""
+    rule = method_registration(kind, root).get("pretrained", "never")
+    return rule == "always" or (rule == "init" and cfg.get("init") == "pretrained")
+
+
+def model_module(kind: str, root: Path = ROOT) -> str:
+    """The module of the model kind method `kind` saves (its registration's `model`), which is
+    what evaluate and distill import to load it."""
+    return f"stages.models.{method_registration(kind, root).get('model', 'mlp')}"
+
+
+def plan(
+    run: Mapping[str, Any], datasets: Mapping[str, Any], methods: Mapping[str, Any], phase: Mapping[str, Any],
+    root: Path = ROOT,
+) -> dict[str, Any]:
+    """params.yaml's `dag` section: per stage, per item (named as DVC names it), what dvc.yaml
+    interpolates — the item's fields and `code`, its kind-specific code slots."""
+
+    def dkind(name: str) -> str:
+        return str(datasets[name]["kind"])
+
+    def mkind(name: str) -> str:
+        return str(methods[name]["kind"])
+
+    dmod = {d: f"stages.datasets.{dkind(d)}" for d in run["datasets"]}
+    out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
+    for d in run["datasets"]:
+        out["prepare"][d] = {"code": kind_code("prepare", [dmod[d]], root)}
+    for d in run["datasets"]:
+        for m in run["methods"]:
+            for s in run["seeds"]:
+                pretrained = needs_pretrained(mkind(m), methods[m], root)
+                out["train"][f"{d}-{m}-{s}"] = {
+                    "dataset": d, "method": m, "seed": s,
+                    "code": kind_code("train", [f"stages.models.{mkind(m)}"], root),
+                    # with no pretrained encoder to read, the slot repeats the prepared file
+                    "pretrained": f"data/pretrained/{d}" if pretrained else f"data/prepared/{d}.parquet",
+                }
+        for t in run["teachers"]:
+            for s in run["seeds"]:
+                out["distill"][f"{d}-{t}-{s}"] = {
+                    "dataset": d, "teacher": t, "seed": s,
+                    "code": kind_code("distill", [model_module(mkind(t), root)], root),
+                }
+        for m in run["models"]:
+            student = m.endswith(STUDENT_SUFFIX)
+            module = f"stages.models.{STUDENT_MODEL}" if student else model_module(mkind(m), root)
+            for s in run["seeds"]:
+                out["evaluate"][f"{d}-{m}-{s}"] = {
+                    "dataset": d, "model": m, "seed": s,
+                    "code": kind_code("evaluate", [module, dmod[d]], root),
+                }
+    # the phase diagram's generated dataset and its generative classifier's module
+    kinds = [f"stages.datasets.{phase['base']['kind']}", f"stages.models.{phase['generative']['kind']}"]
+    out["phase"] = {"code": kind_code("phase", kinds, root)}
+    return out
+
+
+# ---- dvc.yaml: the common code lists ---------------------------------------------------------
+
+
+def rewrite_dvc_yaml(path: Path = ROOT / "dvc.yaml", root: Path = ROOT) -> bool:
+    """Set each stage's code deps in dvc.yaml (its leading `- stages/...` entries) to its
+    entrypoint's closure and its `${....code[i]}` slots to SLOTS, keeping every other line;
+    True if the file changed."""
+    lines = path.read_text().splitlines(keepends=True)
+    out: list[str] = []
+    stage = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"^  (\w+):\s*$", line)
+        if m:
+            stage = m.group(1)
+        if stage in ENTRYPOINTS and line.strip() == "deps:":
+            out.append(line)
+            i += 1
+            indent = None
+            while i < len(lines) and re.match(r"^\s+- stages/", lines[i]):
+                indent = lines[i][: lines[i].index("-")]
+                i += 1
+            if indent is None:
+                raise ValueError(f"{path}: stage {stage}'s deps do not start with its code (- stages/...)")
+            out += [f"{indent}- {f}\n" for f in entrypoint_code(stage, root)]
+            ref = None  # then the item's kind slots, SLOTS of them
+            while i < len(lines) and (m := re.match(r"^\s+- \$\{(.+)\.code\[\d+\]\}\s*$", lines[i])):
+                ref = m.group(1)
+                i += 1
+            if ref is not None:
+                out += [f"{indent}- ${{{ref}.code[{k}]}}\n" for k in range(SLOTS)]
+            continue
+        out.append(line)
+        i += 1
+    new = "".join(out)
+    if new != path.read_text():
+        path.write_text(new)
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    changed = rewrite_dvc_yaml()
+    print(f"dag: dvc.yaml {'updated' if changed else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

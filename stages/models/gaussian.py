@@ -1,0 +1,96 @@
+"""Class-conditional Gaussian classifiers in closed form: what they share.
+
+p(x | y) = N(x | μ_y, Σ_y) and p(y) = π_y, fitted on the train split by maximum likelihood,
+each covariance shrunk towards a scaled identity (`shrink`):
+
+    Σ_λ = (1 − λ) Σ + λ (tr Σ / d) I
+
+`logits(x)` returns log p(x, y) = log N(x | μ_y, Σ_λ) + log π_y for every class — a proper
+joint log-density, so softmax of it is p(y | x) and argmax is the Bayes rule of the model.
+Everything is computed in float64; the returned scores are cast to float32. Every model
+also exposes `log_likelihood(x)` = log Σ_y p(x, y) = log p(x), its density of x.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from stages.models.generative import logsumexp_np
+from stages.models.nets import batched_logits
+
+
+class GaussianClassifier(nn.Module):
+    """What the Gaussian classifiers share: class means, log priors and the Cholesky factor(s)
+    of the covariance buffer `COVARIANCE` as float64, the architecture, and scoring in batches.
+
+    A subclass registers its `kind` (`registry.register_model`), sets `COVARIANCE` and its
+    initial value, and defines `forward` (log p(x, y), float64) and `cost_per_example`.
+    """
+
+    kind: str
+    COVARIANCE: str
+
+    def __init__(self, in_dim: int, n_classes: int) -> None:
+        super().__init__()
+        self.in_dim = int(in_dim)
+        self.n_classes = int(n_classes)
+        self.register_buffer("means", torch.zeros(self.n_classes, self.in_dim, dtype=torch.float64))
+        self.register_buffer(self.COVARIANCE, self._initial_covariance())
+        self.register_buffer("log_priors", torch.full((self.n_classes,), -math.log(self.n_classes), dtype=torch.float64))
+        self._chol: torch.Tensor | None = None
+
+    def _initial_covariance(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def from_arch(cls, meta: dict) -> GaussianClassifier:
+        """An unfitted model of the architecture `arch()` recorded (weights are loaded after)."""
+        return cls(int(meta["in_dim"]), int(meta["n_classes"]))
+
+    def arch(self) -> dict:
+        """The architecture arguments `load_model` rebuilds this model from."""
+        return {"kind": self.kind, "in_dim": self.in_dim, "n_classes": self.n_classes}
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super()._load_from_state_dict(*args, **kwargs)
+        self._chol = None  # the covariance changed
+
+    def _not_positive_definite(self, info: torch.Tensor) -> str | None:
+        """The error message when `cholesky_ex` reported a failure in `info`, else None."""
+        raise NotImplementedError
+
+    def cholesky(self) -> torch.Tensor:
+        """Lower Cholesky factor(s) of the covariance buffer; ValueError if one is not positive definite."""
+        if self._chol is None:
+            chol, info = torch.linalg.cholesky_ex(getattr(self, self.COVARIANCE))
+            message = self._not_positive_definite(info)
+            if message:
+                raise ValueError(message)
+            self._chol = chol
+        return self._chol
+
+    def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
+        """log p(x, y) (float32, (n, n_classes)); softmax gives p(y | x)."""
+        self.cholesky()  # fail before any batch if the covariance is unusable
+        return batched_logits(self, x, self.in_dim, self.n_classes, batch_size)
+
+    def log_likelihood(self, x: np.ndarray) -> np.ndarray:
+        """log p(x) = log Σ_y p(x, y) per example (float64, (n,))."""
+        self.cholesky()
+        with torch.no_grad():
+            return logsumexp_np(self(torch.tensor(np.asarray(x, dtype=np.float64))).numpy())
+
+    def _params(self) -> int:
+        return int(sum(t.numel() for t in self.state_dict().values()))
+
+
+def shrink(cov: torch.Tensor, shrinkage: float) -> torch.Tensor:
+    """(1 − λ) Σ + λ (tr Σ / d) I, exactly symmetric."""
+    d = cov.shape[-1]
+    target = (torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1) / d)[..., None, None] * torch.eye(d, dtype=cov.dtype)
+    cov = (1.0 - shrinkage) * cov + shrinkage * target
+    return 0.5 * (cov + cov.transpose(-1, -2))

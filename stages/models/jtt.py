@@ -1,0 +1,107 @@
+"""`jtt`: Just Train Twice (Liu et al. 2021) — a short ERM run identifies the train examples
+it gets wrong (`identify_errors`); a fresh model of the same backbone is retrained with those
+examples' weight multiplied by λ (`jtt_weights`, `robust.weighted_cross_entropy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from stages.models.discriminative import MLPFitConfig, build_mlp, train_mlp
+from stages.models.robust import normalised, weighted_cross_entropy
+from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
+from stages.registry import register_method
+from stages.schema import Checks, option
+
+if TYPE_CHECKING:
+    from stages.models.training import Trained, TrainJob
+
+
+@dataclass
+class JTTConfig(MLPFitConfig):
+    """Just Train Twice: an ERM run's train errors get weight λ in a second run of the same backbone."""
+
+    id_epochs: int = option("epochs of the ERM identification run (its last epoch is used)")
+    upweight: float = option("λ: loss weight of the identification run's train errors (1 = plain ERM)")
+
+    def check(self, c: Checks) -> None:
+        super().check(c)
+        c.require(self.id_epochs >= 1, "id_epochs", f"must be >= 1, got {self.id_epochs}")
+        c.require(self.upweight >= 1, "upweight", f"must be >= 1 (1 = plain ERM), got {self.upweight}")
+
+
+def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
+    """Weight λ = `upweight` for the identified errors, 1 for the rest, then scaled to mean 1."""
+    return normalised(torch.where(errors, float(upweight), 1.0).double())
+
+
+@torch.no_grad()
+def misclassified(model: torch.nn.Module, split: SplitData, batch_size: int = 4096) -> torch.Tensor:
+    """Boolean mask of the examples of `split` that `model` (in eval mode) gets wrong."""
+    was_training = model.training
+    model.eval()
+    try:
+        pred = torch.cat([model(split.x[i : i + batch_size]).argmax(1) for i in range(0, len(split), batch_size)])
+    finally:
+        model.train(was_training)
+    return pred != split.y
+
+
+@dataclass
+class Identification:
+    """JTT's first run: which train examples its ERM model got wrong, and a summary for config.json."""
+
+    errors: torch.Tensor
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def identify_errors(
+    model: torch.nn.Module,
+    splits: Mapping[str, SplitData],
+    opts: FitOptions,
+    id_epochs: int,
+    generator: torch.Generator,
+    n_groups: int,
+    desc: str = "jtt identify",
+) -> Identification:
+    """Train `model` with plain cross-entropy for `id_epochs` epochs; its last-epoch errors on train.
+
+    JTT uses the identification model as it stands after `id_epochs` epochs (no checkpoint
+    selection). The summary has the error-set size, its share of train and its group counts.
+    """
+    id_opts = FitOptions(opts.lr, id_epochs, opts.batch_size, opts.selection, opts.weight_decay)
+    fit_classifier(model, splits, cross_entropy, id_opts, generator, desc=desc)  # model keeps its last epoch
+    train = splits["train"]
+    errors = misclassified(model, train)
+    by_group = torch.bincount(train.g[errors], minlength=n_groups).tolist()
+    summary = {
+        "id_epochs": id_epochs,
+        "n_errors": int(errors.sum()),
+        "n_train": len(train),
+        "error_rate": float(errors.double().mean()),
+        "errors_by_group": {str(g): int(n) for g, n in enumerate(by_group)},
+    }
+    return Identification(errors, summary)
+
+
+def train(job: TrainJob) -> Trained:
+    """The identification run (not checkpointed: short and deterministic), then the
+    upweighted second run; config.json records the identification under `jtt`."""
+    cfg = job.cfg
+
+    def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+        ident = identify_errors(
+            build_mlp(job.prepared, cfg, job.dataset), splits, FitOptions.from_config(cfg), cfg.id_epochs, generator,
+            job.prepared.n_groups, desc=f"{job.desc} (identify)",
+        )
+        splits["train"].extra["w"] = jtt_weights(ident.errors, cfg.upweight)
+        return weighted_cross_entropy, {"jtt": {**ident.summary, "upweight": cfg.upweight}}
+
+    return train_mlp(job, setup)
+
+
+register_method("jtt", JTTConfig, train, pretrained="init")

@@ -1,0 +1,206 @@
+"""The one registry of methods, datasets and model architectures, keyed by `kind`.
+
+Like timm's `@register_model`: a method is one module `stages/models/<kind>.py`, a dataset
+one module `stages/datasets/<kind>.py`, and each declares itself once, at import, with
+`register_method` / `register_dataset`: its config schema, the function that does the work
+and its capabilities. Every list of kinds (schemas, dispatch, `--help`, the report's model
+types, text checks, `run.methods: all`) is read from here. A model architecture (what a
+`model.safetensors` holds) registers its class with `register_model`.
+
+Looking up one kind imports only that kind's module (so a stage imports, and DVC tracks,
+only the code it runs); listing every kind imports every module of the package. Adding a
+method or a dataset edits no list: see docs/extending.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stages.schema import ConfigError
+
+METHOD_PACKAGE = "stages.models"
+DATASET_PACKAGE = "stages.datasets"
+
+
+PRETRAINED = ("never", "always", "init")  # "init": when the config's `init` is "pretrained"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A training method: `train(job) -> Trained` (see stages/models/training.py)."""
+
+    kind: str
+    schema: type
+    train: Callable[..., Any]
+    generative: bool  # classifies by argmax_y log p(x | y) + log p(y)
+    reads_text: bool  # needs the prepared `text` column
+    pretrained: str  # reads data/pretrained/<dataset>/: one of PRETRAINED
+    model: str  # the model kind (`register_model`) its train saves
+    # closed-form methods: fit(x, y, n_classes, cfg) -> model on in-memory arrays (the phase
+    # diagram fits them cell by cell); None for the others
+    fit: Callable[..., Any] | None
+    module: str
+
+    @property
+    def summary(self) -> str:
+        return (self.schema.__doc__ or self.kind).strip().splitlines()[0]
+
+    def needs_pretrained(self, cfg: Any) -> bool:
+        """Whether `cfg` reads the pretrain stage's outputs."""
+        return self.pretrained == "always" or (self.pretrained == "init" and getattr(cfg, "init", None) == "pretrained")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset: built-ins `generate(cfg) -> (columns, meta)` in memory; real benchmarks
+    `load(name, cfg, out_path) -> summary` from data/raw/, streaming their own file."""
+
+    kind: str
+    schema: type
+    generate: Callable[[Any], Any] | None
+    load: Callable[..., str] | None
+    text: bool  # the prepared file has a `text` column
+    # (cfg, n, rho, rng) -> (y, a, x): n examples drawn afresh at label-attribute agreement
+    # rho, for evaluate's exact shift curve (stages/shift.py); None = reweighting only.
+    regenerate: Callable[..., Any] | None
+    module: str
+
+    @property
+    def summary(self) -> str:
+        return (self.schema.__doc__ or self.kind).strip().splitlines()[0]
+
+
+_METHODS: dict[str, MethodSpec] = {}
+_DATASETS: dict[str, DatasetSpec] = {}
+_MODELS: dict[str, type] = {}
+
+
+def register_method(
+    kind: str,
+    schema: type,
+    train: Callable[..., Any],
+    *,
+    generative: bool = False,
+    reads_text: bool = False,
+    pretrained: str = "never",
+    model: str = "mlp",
+    fit: Callable[..., Any] | None = None,
+) -> MethodSpec:
+    """Declare a method kind (call once, at the bottom of its module). Give the capabilities
+    as literals: stages/dag.py reads them from the source to write the DVC dependencies."""
+    if pretrained not in PRETRAINED:
+        raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED}, got {pretrained!r}")
+    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, train.__module__)
+    return _add(_METHODS, kind, spec, "method")
+
+
+def register_dataset(
+    kind: str,
+    schema: type,
+    *,
+    generate: Callable[[Any], Any] | None = None,
+    load: Callable[..., str] | None = None,
+    text: bool = False,
+    regenerate: Callable[..., Any] | None = None,
+) -> DatasetSpec:
+    """Declare a dataset kind: exactly one of `generate` (built-in) or `load` (from data/raw/)."""
+    if (generate is None) == (load is None):
+        raise TypeError(f"dataset kind '{kind}': give exactly one of generate= or load=")
+    fn = generate or load
+    spec = DatasetSpec(kind, schema, generate, load, text, regenerate, fn.__module__)  # type: ignore[union-attr]
+    return _add(_DATASETS, kind, spec, "dataset")
+
+
+def register_model(kind: str) -> Callable[[type], type]:
+    """Class decorator: `cls.from_arch(meta)` rebuilds a saved model whose metadata says `kind`."""
+
+    def deco(cls: type) -> type:
+        _add(_MODELS, kind, cls, "model")
+        cls.kind = kind  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def _add(table: dict[str, Any], kind: str, value: Any, what: str) -> Any:
+    old = table.get(kind)
+    if old is not None and old is not value and _origin(old) != _origin(value):
+        raise TypeError(f"{what} kind '{kind}' registered twice ({_origin(old)} and {_origin(value)})")
+    table[kind] = value
+    return value
+
+
+def _origin(value: Any) -> str:
+    return getattr(value, "module", None) or getattr(value, "__module__", "?")
+
+
+def _lookup(table: dict[str, Any], package: str, kind: str) -> Any | None:
+    """`table[kind]`, importing `<package>.<kind>` (the convention) and then, failing that,
+    every module of the package."""
+    if kind not in table and isinstance(kind, str) and kind.isidentifier():
+        name = f"{package}.{kind}"
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+    if kind not in table:
+        _import_all(package)
+    return table.get(kind)
+
+
+def _import_all(package: str) -> None:
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{package}.{info.name}")
+
+
+def method(kind: str) -> MethodSpec:
+    """The method registered as `kind` (ConfigError naming the known kinds otherwise)."""
+    spec = _lookup(_METHODS, METHOD_PACKAGE, kind)
+    if spec is None:
+        raise ConfigError(f"unknown method kind '{kind}' (known: {sorted(methods())})")
+    return spec
+
+
+def find_method(kind: str) -> MethodSpec | None:
+    """The method registered as `kind`, or None."""
+    return _lookup(_METHODS, METHOD_PACKAGE, kind)
+
+
+def find_dataset(kind: str) -> DatasetSpec | None:
+    """The dataset registered as `kind`, or None."""
+    return _lookup(_DATASETS, DATASET_PACKAGE, kind)
+
+
+def dataset(kind: str) -> DatasetSpec:
+    """The dataset registered as `kind` (ConfigError naming the known kinds otherwise)."""
+    spec = _lookup(_DATASETS, DATASET_PACKAGE, kind)
+    if spec is None:
+        raise ConfigError(f"unknown dataset kind '{kind}' (known: {sorted(datasets())})")
+    return spec
+
+
+def model_class(kind: str) -> type | None:
+    """The class registered for model architecture `kind`, or None."""
+    return _lookup(_MODELS, METHOD_PACKAGE, kind)
+
+
+def methods() -> dict[str, MethodSpec]:
+    """Every method kind, sorted by name (imports every module of stages/models)."""
+    _import_all(METHOD_PACKAGE)
+    return dict(sorted(_METHODS.items()))
+
+
+def datasets() -> dict[str, DatasetSpec]:
+    """Every dataset kind, sorted by name (imports every module of stages/datasets)."""
+    _import_all(DATASET_PACKAGE)
+    return dict(sorted(_DATASETS.items()))
+
+
+def model_kinds() -> list[str]:
+    """Every model architecture kind."""
+    _import_all(METHOD_PACKAGE)
+    return sorted(_MODELS)

@@ -1,0 +1,113 @@
+"""What every config schema is made of: typed keys with help text, range checks, ConfigError.
+
+A schema (a dataclass in the module of the method, dataset or stage it configures) declares
+each key's type, meaning and allowed range. It declares no values: every value is written
+once, in `conf/` (composed into params.yaml), so `--help`, a run and params.yaml always agree
+(tests/test_registry.py checks that every key of every schema has exactly one value there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown, of the wrong type or out of range."""
+
+
+def option(text: str) -> Any:
+    """A schema key with its help text and no default (the value comes from conf/)."""
+    return field(metadata={"help": text})
+
+
+# Checkpoint selection criteria, and the split each scores (the metric is in
+# stages.models.training.SELECTION_METRIC).
+SELECTIONS = ("val_avg", "val_worst_group", "oracle")
+SELECTION_SPLIT = {"val_avg": "val", "val_worst_group": "val", "oracle": "test_ood"}
+
+
+def train_and_selection_splits(selection: str) -> tuple[str, ...]:
+    """What a minibatch-trained method reads: train, and the split its selection criterion scores."""
+    return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(selection, "val"))))
+
+
+class Checks:
+    """Collects range checks; `key` is relative to the section."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[str, str]] = []
+
+    def require(self, ok: bool, key: str, msg: str) -> None:
+        if not ok:
+            self.errors.append((key, msg))
+
+    def prob(self, value: float, key: str) -> None:
+        self.require(0.0 <= value <= 1.0, key, f"must be in [0, 1], got {value}")
+
+    def positive(self, value: float, key: str) -> None:
+        self.require(value > 0, key, f"must be > 0, got {value}")
+
+    def non_negative(self, value: float, key: str) -> None:
+        self.require(value >= 0, key, f"must be >= 0, got {value}")
+
+    def at_least(self, value: float, key: str, low: float) -> None:
+        self.require(value >= low, key, f"must be >= {low}, got {value}")
+
+    def choice(self, value: str, key: str, options: Sequence[str]) -> None:
+        self.require(value in options, key, f"must be one of {list(options)}, got '{value}'")
+
+    def widths(self, value: Sequence[int], key: str = "hidden") -> None:
+        self.require(all(h > 0 for h in value), key, f"widths must be > 0, got {list(value)}")
+
+    def minibatch(self, cfg: Any) -> None:
+        """The optimisation keys every minibatch-trained section shares: lr, epochs and
+        batch_size, and weight_decay and selection where the section has them."""
+        self.positive(cfg.lr, "lr")
+        if hasattr(cfg, "weight_decay"):
+            self.non_negative(cfg.weight_decay, "weight_decay")
+        self.require(cfg.epochs >= 1, "epochs", f"must be >= 1, got {cfg.epochs}")
+        self.require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+        if hasattr(cfg, "selection"):
+            self.choice(cfg.selection, "selection", SELECTIONS)
+
+    def fracs(self, *fracs: float) -> None:
+        """val/test_id/test_ood fractions: each in (0, 1), together leaving >= 10% for train."""
+        for k, v in zip(("val_frac", "test_id_frac", "test_ood_frac"), fracs, strict=True):
+            self.require(0 < v < 1, k, f"must be in (0, 1), got {v}")
+        self.require(sum(fracs) < 0.9, "val_frac", f"val+test fractions must leave >= 10% for train, got {sum(fracs)}")
+
+    def sizes(self, cfg: Any, keys: Sequence[str] = ("n_train", "n_val", "n_test_id", "n_test_ood"), low: int = 8) -> None:
+        for k in keys:
+            self.require(getattr(cfg, k) >= low, k, f"must be >= {low}, got {getattr(cfg, k)}")
+
+
+def check(obj: Any) -> list[tuple[str, str]]:
+    """The range errors of a schema instance (its `check(Checks)`), as (relative key, message)."""
+    checks = Checks()
+    obj.check(checks)
+    return checks.errors
+
+
+def describe(schema: type, prefix: str, values: Any = None) -> str:
+    """Human-readable list of a schema's keys, types and meaning (for --help), with the values
+    a run would use when `values` (the section from params.yaml) is given."""
+    lines = [f"{prefix}  ({schema.__doc__.strip() if schema.__doc__ else schema.__name__})"]
+    for f in dataclasses.fields(schema):
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        value = ""
+        if values is not None and f.name in values:
+            v = values[f.name]
+            value = f" = {_plain(v)!r}"
+        lines.append(f"  {prefix}.{f.name}: {type_name}{value}  — {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

@@ -1,0 +1,173 @@
+"""The schemas of the stage sections of params.yaml (pretrain, distill, train, validate,
+evaluate, phase, run). Methods and datasets declare theirs in their own modules
+(stages/registry.py); every value lives in conf/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stages.schema import Checks, option
+
+
+@dataclass
+class PretrainConfig:
+    """Denoising autoencoder fitted on train inputs only, without labels."""
+
+    kind: str = option("pretraining objective")
+    seed: int = option("seed")
+    hidden: list[int] = option("encoder widths; the last is the embedding size")
+    noise_std: float = option("std of the Gaussian corruption")
+    lr: float = option("Adam learning rate")
+    epochs: int = option("epochs")
+    batch_size: int = option("minibatch size")
+
+    def check(self, c: Checks) -> None:
+        c.choice(self.kind, "kind", ["dae"])
+        c.require(len(self.hidden) >= 1 and all(h > 0 for h in self.hidden), "hidden", f"need >= 1 width > 0, got {self.hidden}")
+        c.non_negative(self.noise_std, "noise_std")
+        c.minibatch(self)
+
+
+@dataclass
+class DistillConfig:
+    """A student MLP trained on a teacher's temperature-softened predictions."""
+
+    hidden: list[int] = option("student hidden widths")
+    temperature: float = option("softmax temperature applied to the teacher's logits")
+    alpha: float = option("weight of the soft (teacher) loss; 1-alpha goes to the hard labels")
+    lr: float = option("Adam learning rate")
+    epochs: int = option("epochs")
+    batch_size: int = option("minibatch size")
+    selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
+
+    def check(self, c: Checks) -> None:
+        c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
+        c.positive(self.temperature, "temperature")
+        c.prob(self.alpha, "alpha")
+        c.minibatch(self)
+
+
+@dataclass
+class TrainConfig:
+    """Checkpoints of the minibatch training loop (scratch/checkpoints/<stage>/); outputs never depend on them."""
+
+    checkpoint_every: int = option("write a resumable checkpoint every N epochs (0 = only on SIGINT/SIGTERM)")
+    resume: bool = option("resume from the latest valid checkpoint of the same stage, params and code")
+
+    def check(self, c: Checks) -> None:
+        c.non_negative(self.checkpoint_every, "checkpoint_every")
+
+
+@dataclass
+class ValidateConfig:
+    """Great Expectations suite thresholds."""
+
+    min_group_count: int = option("minimum examples of every group in val, test_id and test_ood")
+    rho_tolerance: float = option("allowed |observed - configured| train agreement rate")
+    min_shift: float = option("test_ood agreement must differ from train's by at least this")
+
+    def check(self, c: Checks) -> None:
+        c.require(self.min_group_count >= 1, "min_group_count", f"must be >= 1, got {self.min_group_count}")
+        c.prob(self.rho_tolerance, "rho_tolerance")
+        c.prob(self.min_shift, "min_shift")
+
+
+@dataclass
+class EvaluateConfig:
+    """Evaluation settings."""
+
+    ece_bins: int = option("equal-width confidence bins for ECE and the reliability curve")
+    batch_size: int = option("examples scored per forward pass")
+    bootstrap_resamples: int = option("bootstrap resamples for 95% intervals and paired tests (0 = none)")
+    bootstrap_seed: int = option("seed of the bootstrap resampling")
+    shift_steps: int = option("points of the shift curve, training agreement to fully reversed")
+    shift_regenerate_n: int = option("examples drawn per shift step for generated datasets (0 = off)")
+
+    def check(self, c: Checks) -> None:
+        c.require(self.ece_bins >= 1, "ece_bins", f"must be >= 1, got {self.ece_bins}")
+        c.require(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        c.non_negative(self.bootstrap_resamples, "bootstrap_resamples")
+        c.require(self.shift_steps >= 2, "shift_steps", f"must be >= 2, got {self.shift_steps}")
+        c.require(
+            self.shift_regenerate_n == 0 or self.shift_regenerate_n >= 8,
+            "shift_regenerate_n",
+            f"must be 0 or >= 8, got {self.shift_regenerate_n}",
+        )
+
+
+PHASE_KNOBS = ("sigma", "spurious_scale", "rho_train", "d_noise", "n_train")
+
+
+@dataclass
+class PhasePanel:
+    """One heatmap of the phase diagram: two knobs of `phase.base` on the axes."""
+
+    x: str = option("knob on the x axis (one of PHASE_KNOBS)")
+    x_values: list[float] = option("values of the x knob")
+    y: str = option("knob on the y axis (one of PHASE_KNOBS)")
+    y_values: list[float] = option("values of the y knob")
+
+
+@dataclass
+class PhaseConfig:
+    """experiment=toy_phase_diagram: a generative classifier (`generative`, a closed-form method)
+    vs logistic regression over the knobs of a generated dataset (`base`); both are validated
+    by their own kind's schema.
+
+    Every panel sweeps two knobs with the others at `base`; no panels = nothing to compute.
+    """
+
+    panels: list[PhasePanel] = field(metadata={"help": "heatmaps to compute (empty = none)"})
+    base: dict[str, Any] = field(metadata={"help": "the generated dataset's config: the other knobs"})
+    seeds: list[int] = option("data/training seeds per cell; the cell reports the mean")
+    generative: dict[str, Any] = field(metadata={"help": "the generative classifier: a method config (its `kind` registered a closed-form `fit`)"})
+    lr: float = option("logistic regression: Adam learning rate")
+    epochs: int = option("logistic regression: epochs")
+    batch_size: int = option("logistic regression: minibatch size")
+    weight_decay: float = option("logistic regression: AdamW weight decay")
+    selection: str = option("logistic regression: checkpoint selection")
+
+    def check(self, c: Checks) -> None:
+        for i, p in enumerate(self.panels):
+            for axis in ("x", "y"):
+                c.choice(getattr(p, axis), f"panels[{i}].{axis}", PHASE_KNOBS)
+                c.require(len(getattr(p, f"{axis}_values")) >= 1, f"panels[{i}].{axis}_values", "must not be empty")
+            c.require(p.x != p.y, f"panels[{i}]", f"x and y must be different knobs, both are '{p.x}'")
+        c.require(len(self.seeds) >= 1, "seeds", "must not be empty")
+        c.minibatch(self)
+
+
+@dataclass
+class RunConfig:
+    """What `dvc repro` runs: the matrix over datasets × methods × seeds."""
+
+    datasets: list[str] = option("datasets to prepare (names under `dataset`)")
+    methods: list[str] = option("methods to train (names under `method`)")
+    teachers: list[str] = option("methods distilled into a student named <teacher>_student")
+    models: list[str] = option("models to evaluate: methods and <teacher>_student names")
+    seeds: list[int] = option("training seeds")
+
+    def check(self, c: Checks) -> None:
+        for key in ("datasets", "methods", "models", "seeds"):
+            c.require(len(getattr(self, key)) > 0, key, "must not be empty")
+            values = getattr(self, key)
+            c.require(len(set(values)) == len(values), key, f"has duplicates: {values}")
+        for t in self.teachers:
+            c.require(t in self.methods, "teachers", f"teacher '{t}' is not in run.methods {self.methods}")
+        producible = set(self.methods) | {student_name(t) for t in self.teachers}
+        for m in self.models:
+            c.require(m in producible, "models", f"'{m}' is neither a trained method nor a student of run.teachers")
+        for m in self.methods:
+            c.require(m in self.models, "models", f"trained method '{m}' is not evaluated; add it to run.models")
+
+
+# conf/'s `run.models` resolver (hydra_plugins/shiftlab) and dvc.yaml's distill outs spell it
+# too; tests/test_registry.py checks they agree.
+STUDENT_SUFFIX = "_student"
+
+
+def student_name(teacher: str) -> str:
+    """The model name of the student distilled from `teacher`."""
+    return f"{teacher}{STUDENT_SUFFIX}"

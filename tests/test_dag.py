@@ -1,0 +1,94 @@
+"""dvc.yaml's code dependencies are exactly the code each stage runs (stages/dag.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from dvc.repo import Repo
+from omegaconf import OmegaConf
+
+from stages import dag, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_dvc_yaml_code_lists_are_up_to_date(tmp_path):
+    copy = tmp_path / "dvc.yaml"
+    shutil.copy(ROOT / "dvc.yaml", copy)
+    assert not dag.rewrite_dvc_yaml(copy, ROOT), "dvc.yaml's code deps are stale: run `make params`"
+
+
+@pytest.fixture(scope="module")
+def stage_deps() -> dict[str, list[str]]:
+    with Repo(str(ROOT)) as repo:
+        return {stage.addressing: [str(d.def_path) for d in stage.deps] for stage in repo.index.stages}
+
+
+def expected_code(name: str, params) -> set[str]:
+    """The entrypoint's closure plus the modules its kinds add, from params.yaml's own kinds."""
+    stage, _, item = name.partition("@")
+    files = [ROOT / "stages" / f"{stage}.py"]
+    kind = {n: c.kind for n, c in params.method.items()}
+    dkind = {n: c.kind for n, c in params.dataset.items()}
+    if stage == "prepare":
+        files.append(ROOT / "stages/datasets" / f"{dkind[item]}.py")
+    elif stage in ("train", "distill", "evaluate"):
+        dataset = next(d for d in params.run.datasets if item.startswith(d + "-"))
+        model = item[len(dataset) + 1 :].rsplit("-", 1)[0]
+        if stage == "evaluate":
+            files.append(ROOT / "stages/datasets" / f"{dkind[dataset]}.py")
+        if stage == "train":
+            files.append(ROOT / "stages/models" / f"{kind[model]}.py")
+        else:  # evaluate and distill load the model: the module of its model kind
+            arch = "mlp" if model.endswith("_student") else registry.method(kind[model]).model
+            files.append(ROOT / "stages/models" / f"{arch}.py")
+    elif stage == "report":
+        files += sorted((ROOT / "stages/models").glob("*.py"))
+    elif stage == "phase":
+        files.append(ROOT / "stages/datasets" / f"{params.phase.base.kind}.py")
+        files.append(ROOT / "stages/models" / f"{params.phase.generative.kind}.py")
+    return set(dag.closure(files, ROOT))
+
+
+def test_every_stage_depends_on_exactly_the_code_it_runs(stage_deps):
+    params = OmegaConf.load(ROOT / "params.yaml")
+    assert len(stage_deps) > 40
+    for name, deps in stage_deps.items():
+        code = {d for d in deps if d.startswith("stages/") and d.endswith(".py")}
+        assert code == expected_code(name, params), name
+
+
+def test_only_methods_that_read_the_encoder_wait_for_pretraining(stage_deps):
+    reads = {name for name, deps in stage_deps.items() if name.startswith("train@") and any(d.startswith("data/pretrained/") for d in deps)}
+    assert {f"train@colored_digits-{m}-0" for m in ("dfr", "probe", "finetune")} <= reads
+    assert not {f"train@colored_digits-{m}-0" for m in ("lda", "erm", "diffusion", "groupdro")} & reads
+
+
+def test_a_kind_with_more_code_than_the_slots_is_an_error(tmp_path):
+    root = tmp_path
+    (root / "stages" / "models").mkdir(parents=True)
+    (root / "stages" / "__init__.py").write_text("")
+    (root / "stages" / "models" / "__init__.py").write_text("")
+    (root / "stages" / "train.py").write_text("")
+    names = [f"m{i}" for i in range(dag.SLOTS + 1)]
+    for n in names:
+        (root / "stages" / "models" / f"{n}.py").write_text("")
+    (root / "stages" / "models" / "big.py").write_text("".join(f"import stages.models.{n}\n" for n in names))
+    with pytest.raises(ValueError, match="raise stages/dag.py SLOTS"):
+        dag.kind_code("train", ["stages.models.big"], root)
+    assert dag.kind_code("train", ["stages.models.m0"], root) == ["stages/models/m0.py"] * dag.SLOTS
+
+
+def test_imports_follow_functions_but_not_type_checking(tmp_path):
+    root = tmp_path
+    (root / "stages").mkdir()
+    (root / "stages" / "__init__.py").write_text("")
+    for n in ("a", "b", "c", "d"):
+        (root / "stages" / f"{n}.py").write_text("")
+    (root / "stages" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nimport stages.b\nif TYPE_CHECKING:\n    import stages.c\n"
+        "def f():\n    from stages import d\n"
+    )
+    assert dag.closure([root / "stages" / "a.py"], root) == ["stages/__init__.py", "stages/a.py", "stages/b.py", "stages/d.py"]
