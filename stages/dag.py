@@ -117,6 +117,11 @@ def kind_code(stage: str, modules: Iterable[str], root: Path = ROOT) -> list[str
 
 def registered(module_path: Path, call: str) -> dict[str, Any]:
     """The literal keyword arguments of the module's `call(...)` (its registration)."""
+    return dict(_registered(module_path, call, module_path.stat().st_mtime_ns))
+
+
+@functools.cache
+def _registered(module_path: Path, call: str, mtime: int) -> tuple[tuple[str, Any], ...]:
     for node in ast.walk(ast.parse(module_path.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == call:
             out = {}
@@ -125,7 +130,7 @@ def registered(module_path: Path, call: str) -> dict[str, Any]:
                     out[kw.arg] = ast.literal_eval(kw.value)
                 except ValueError:
                     out[kw.arg] = None
-            return out
+            return tuple(out.items())
     raise ValueError(f"{module_path}: no {call}(...) call")
 
 

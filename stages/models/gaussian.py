@@ -14,6 +14,9 @@ also exposes `log_likelihood(x)` = log Σ_y p(x, y) = log p(x), its density of x
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +24,38 @@ from torch import nn
 
 from stages.models.generative import logsumexp_np
 from stages.models.nets import batched_logits
+from stages.schema import Checks, ConfigError, option
+
+if TYPE_CHECKING:
+    from stages.models.training import Trained, TrainJob
+
+
+@dataclass
+class GaussianConfig:
+    """The keys of a Gaussian classifier fitted in closed form (its own schema names it)."""
+
+    kind: str = option("method family")
+    shrinkage: float = option("covariance shrinkage towards a scaled identity (per class where each has its own), in [0, 1]")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """Fitted in closed form on train."""
+        return ("train",)
+
+    def check(self, c: Checks) -> None:
+        c.prob(self.shrinkage, "shrinkage")
+
+
+def train_closed_form(job: TrainJob, fit: Callable[[np.ndarray, np.ndarray, int, Any], Any]) -> Trained:
+    """`fit` on the train split, every split scored once; a singular covariance or a missing
+    class is a ConfigError naming the method's key."""
+    from stages.models.training import fitted_once
+
+    train = job.prepared.subset("train")
+    try:
+        model = fit(train.x, train.y, job.prepared.n_classes, job.cfg)
+    except ValueError as e:
+        raise ConfigError(f"{job.key} (shrinkage {job.cfg.shrinkage}) on the train split: {e}") from None
+    return fitted_once(model, job.prepared, "closed form", selection=None)
 
 
 class GaussianClassifier(nn.Module):

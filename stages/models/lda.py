@@ -14,28 +14,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from stages.models.gaussian import GaussianClassifier
+from stages.models.gaussian import GaussianClassifier, GaussianConfig, train_closed_form
 from stages.models.generative import class_counts
 from stages.registry import register_method, register_model
-from stages.schema import Checks, ConfigError, option
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob
 
 
 @dataclass
-class LDAConfig:
+class LDAConfig(GaussianConfig):
     """Generative classifier: class-conditional Gaussians with a shared, shrunk covariance."""
-
-    kind: str = option("method family")
-    shrinkage: float = option("covariance shrinkage towards a scaled identity, in [0, 1]")
-
-    def reads_splits(self) -> tuple[str, ...]:
-        """Fitted in closed form on train."""
-        return ("train",)
-
-    def check(self, c: Checks) -> None:
-        c.prob(self.shrinkage, "shrinkage")
 
 
 @register_model("lda")
@@ -105,16 +94,8 @@ def fit(x: np.ndarray, y: np.ndarray, n_classes: int, cfg: LDAConfig) -> LDAClas
 
 
 def train(job: TrainJob) -> Trained:
-    """Fitted in closed form on train; a singular covariance or a missing class is a
-    ConfigError naming the method's key."""
-    from stages.models.training import fitted_once
-
-    train = job.prepared.subset("train")
-    try:
-        model = fit(train.x, train.y, job.prepared.n_classes, job.cfg)
-    except ValueError as e:
-        raise ConfigError(f"{job.key} (shrinkage {job.cfg.shrinkage}) on the train split: {e}") from None
-    return fitted_once(model, job.prepared, "closed form", selection=None)
+    """Fitted in closed form on train (stages/models/gaussian.py)."""
+    return train_closed_form(job, fit)
 
 
 register_method("lda", LDAConfig, train, generative=True, model="lda", fit=fit)
