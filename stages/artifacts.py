@@ -75,13 +75,20 @@ def embeddings_schema(dim: int) -> pa.Schema:
     )
 
 
+# Training history, one row per (epoch, split): epoch 0 for a model fitted without epochs.
+# loss (mean cross-entropy of the labels), acc, worst_group_acc: where the split was scored
+# that epoch (every epoch for classifiers, every `eval_every` for trained generative models),
+# else null. objective: the model's own training objective (train: the epoch's mean minibatch
+# loss; val: the objective on the whole split at the epoch's end), every epoch, train and val
+# rows only; null elsewhere and for epoch 0. See stages/models/training.py.
 HISTORY_SCHEMA = pa.schema(
     [
         pa.field("epoch", pa.int64(), nullable=False),
         pa.field("split", pa.string(), nullable=False),
-        pa.field("loss", pa.float64(), nullable=False),
-        pa.field("acc", pa.float64(), nullable=False),
-        pa.field("worst_group_acc", pa.float64(), nullable=False),
+        pa.field("loss", pa.float64()),
+        pa.field("acc", pa.float64()),
+        pa.field("worst_group_acc", pa.float64()),
+        pa.field("objective", pa.float64()),
     ]
 )
 
@@ -99,6 +106,11 @@ LEADERBOARD_SCHEMA = pa.schema(
         pa.field("ece", pa.float64(), nullable=False),
         pa.field("nll", pa.float64(), nullable=False),
         pa.field("brier", pa.float64(), nullable=False),
+        # Per run (the same on every split): the under-training check of the model's history
+        # (docs/metrics.md): "may be under-trained" | "plateaued" | "n/a", and the val objective's
+        # relative improvement over the check's window (null when n/a).
+        pa.field("convergence", pa.string(), nullable=False),
+        pa.field("convergence_improvement", pa.float64()),
     ]
 )
 

@@ -32,6 +32,7 @@ from stages.settings import (
     RunConfig,
     TrainConfig,
     ValidateConfig,
+    student_name,
 )
 
 __all__ = ["ConfigError", "load_params", "section", "dataset_config", "method_config", "defaults", "check_all"]
@@ -175,11 +176,49 @@ def check_all(params: DictConfig) -> RunConfig:
         # The train matrix runs every method on every dataset: a text method needs text everywhere.
         for dataset, dcfg in datasets.items():
             check_text_input(name, cfg, dataset, dcfg.kind)
+        check_upstream(name, cfg, run.methods)
     for key, schema in STAGE_SECTIONS.items():
         section(params, key, schema)
+    check_er_reference(params, section(params, "evaluate", EvaluateConfig))
     dataset_section(params, "phase.base")
     method_section(params, "phase.generative")
     return run
+
+
+def model_names(params: DictConfig) -> list[str]:
+    """Every name a model can have: each method under `method`, then each one's student name."""
+    node = OmegaConf.select(params, "method")
+    methods = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    return methods + [student_name(m) for m in methods]
+
+
+def check_er_reference(params: DictConfig, cfg: EvaluateConfig) -> None:
+    """ConfigError unless every `evaluate.er_reference` entry is a model name (`model_names`).
+
+    A name that is a model but not in this run is fine: the report says it is absent.
+    """
+    known = model_names(params)
+    bad = [m for m in cfg.er_reference if m not in known]
+    if bad:
+        raise ConfigError(
+            f"params.yaml: evaluate.er_reference: {', '.join(repr(m) for m in bad)} "
+            f"{'is not a model name' if len(bad) == 1 else 'are not model names'} "
+            f"(a method under `method`: {', '.join(known[: len(known) // 2])}; or <method>{student_name('')})"
+        )
+
+
+def check_upstream(method: str, cfg: Any, methods: list[str]) -> None:
+    """ConfigError when method `method` reads another method's trained model (its registered
+    `upstream` key) and that method is not another one of `methods` (run.methods), so no train
+    stage would make it. stages/dag.py checks the same when it plans the DAG."""
+    spec = registry.method(cfg.kind)
+    up = spec.upstream_method(cfg)
+    if up is not None and (up not in methods or up == method):
+        raise ConfigError(
+            f"params.yaml: method.{method}.{spec.upstream}: '{up}' names the method whose trained model "
+            f"method '{method}' reads, so it must be another method of run.methods {list(methods)}; add it "
+            f"there, or set method.{method}.{spec.upstream}=pretrained"
+        )
 
 
 def check_text_input(method: str, cfg: Any, dataset: str, dataset_kind: str | None, has_text: bool | None = None) -> None:

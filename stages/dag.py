@@ -139,11 +139,37 @@ def method_registration(kind: str, root: Path = ROOT) -> dict[str, Any]:
     return registered(root / "stages" / "models" / f"{kind}.py", "register_method")
 
 
+PRETRAINED_VALUE = "pretrained"  # stages.registry.PRETRAINED_VALUE (this module imports nothing)
+
+
 def needs_pretrained(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> bool:
     """Whether method `kind` with config `cfg` reads data/pretrained (its registration's
-    `pretrained`: "never", "always", or "init" = when `cfg.init` is "pretrained")."""
+    `pretrained`: "never", "always", or a config key, e.g. "init", whose value "pretrained"
+    means it does)."""
     rule = method_registration(kind, root).get("pretrained", "never")
-    return rule == "always" or (rule == "init" and cfg.get("init") == "pretrained")
+    if rule in ("never", "always"):
+        return rule == "always"
+    return cfg.get(rule) == PRETRAINED_VALUE
+
+
+def upstream(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> tuple[str, str] | None:
+    """(config key, method) when method `kind` with config `cfg` reads another method's trained
+    model (its registration's `upstream`: a config key whose value, unless "pretrained", names
+    that method), else None."""
+    key = method_registration(kind, root).get("upstream")
+    value = cfg.get(key) if key else None
+    return None if value is None or value == PRETRAINED_VALUE else (key, str(value))
+
+
+def config_error(message: str) -> ValueError:
+    """stages.schema.ConfigError(message) — a ValueError — where the project is importable;
+    a plain ValueError in a process that loaded this file alone (DVC's Hydra composition turns
+    either into a composition error with the message)."""
+    try:
+        from stages.schema import ConfigError
+    except ImportError:
+        return ValueError(message)
+    return ConfigError(message)
 
 
 def model_module(kind: str, root: Path = ROOT) -> str:
@@ -169,15 +195,26 @@ def plan(
     out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
     for d in run["datasets"]:
         out["prepare"][d] = {"code": kind_code("prepare", [dmod[d]], root)}
+    ups = {m: upstream(mkind(m), methods[m], root) for m in run["methods"]}
+    for m, up in ups.items():
+        if up is not None and (up[1] not in run["methods"] or up[1] == m):
+            raise config_error(
+                f"method.{m}.{up[0]}: '{up[1]}' names the method whose trained model method '{m}' reads, "
+                f"so it must be another method of run.methods {list(run['methods'])}; add it there, "
+                f"or set method.{m}.{up[0]}={PRETRAINED_VALUE}"
+            )
     for d in run["datasets"]:
         for m in run["methods"]:
             for s in run["seeds"]:
                 pretrained = needs_pretrained(mkind(m), methods[m], root)
+                up = ups[m]
                 out["train"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "method": m, "seed": s,
                     "code": kind_code("train", [f"stages.models.{mkind(m)}"], root),
                     # with no pretrained encoder to read, the slot repeats the prepared file
                     "pretrained": f"data/pretrained/{d}" if pretrained else f"data/prepared/{d}.parquet",
+                    # the trained model of the method it reads (same dataset and seed); else again the prepared file
+                    "upstream": f"data/models/{d}/{up[1]}/seed={s}" if up else f"data/prepared/{d}.parquet",
                 }
         for t in run["teachers"]:
             for s in run["seeds"]:

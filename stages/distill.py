@@ -3,7 +3,7 @@
     python -m stages.distill <dataset> <teacher> <seed> [key=value ...]
 
 Loads the teacher from data/models/<dataset>/<teacher>/seed=<seed>/ (any kind: an LDA
-teacher's log p(x, y) scores are its logits), scores the train split with it, and trains a
+teacher's log p(x, y) scores are its logits), scores the train and val splits with it, and trains a
 student MLPClassifier (section `distill` of params.yaml) on
 
     alpha · T² · KL(softmax(teacher / T) ‖ softmax(student / T)) + (1 − alpha) · CE(student, y)
@@ -12,7 +12,8 @@ with the shared training loop and checkpoint selection. Writes the student's mod
 data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher
 (`teacher`, `teacher_kind`) and carries both inference costs (`inference_cost` of the
 student, `teacher_inference_cost`; see stages.models.inference_cost) for the report.
-Any trained model is a valid teacher: only its `logits` on train are used.
+Any trained model is a valid teacher: only its `logits` are used, on train (the targets)
+and on val (the objective's value on val each epoch, in history.parquet).
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ def distill(
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
-    # A teacher whose `input` is "text" (e.g. a byte-level likelihood model) scores the train split's text.
+    # A teacher whose `input` is "text" (e.g. a byte-level likelihood model) scores the splits' text.
     text_input = getattr(teacher, "input", "x") == "text"
-    teacher_logits = np.asarray(teacher.logits(prepared.subset("train").text if text_input else train.x.numpy()))
-    if teacher_logits.shape != (len(train), prepared.n_classes) or not np.isfinite(teacher_logits).all():
-        from stages.io import ArtifactError
+    # Train's teacher logits are the targets; val's give the objective's held-out value each epoch.
+    for name in ("train", "val") if "val" in splits else ("train",):
+        s = splits[name]
+        teacher_logits = np.asarray(teacher.logits(prepared.subset(name).text if text_input else s.x.numpy()))
+        if teacher_logits.shape != (len(s), prepared.n_classes) or not np.isfinite(teacher_logits).all():
+            from stages.io import ArtifactError
 
-        what = "non-finite logits" if teacher_logits.shape == (len(train), prepared.n_classes) else f"logits of shape {teacher_logits.shape}"
-        raise ArtifactError(f"teacher ({teacher.kind}) gives {what} on train, expected finite {(len(train), prepared.n_classes)}")
-    train.extra["teacher"] = torch.from_numpy(np.ascontiguousarray(teacher_logits, dtype=np.float32))
+            what = "non-finite logits" if teacher_logits.shape == (len(s), prepared.n_classes) else f"logits of shape {teacher_logits.shape}"
+            raise ArtifactError(f"teacher ({teacher.kind}) gives {what} on {name}, expected finite {(len(s), prepared.n_classes)}")
+        s.extra["teacher"] = torch.from_numpy(np.ascontiguousarray(teacher_logits, dtype=np.float32))
     in_dim = prepared.x.shape[1]
     student = MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, Standardize(in_dim).fit(train.x))
     loss = distillation_loss(cfg.temperature, cfg.alpha)
@@ -72,7 +76,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
     from stages.io import ArtifactError
     from stages.models import WEIGHTS, inference_cost, load_model, save_model
     from stages.models.robust import selection_summary
-    from stages.models.training import read_prepared_input
+    from stages.models.training import convergence, read_prepared_input
 
     seed_i = parse_seed(seed)
     cfg = section(params, "distill", DistillConfig)
@@ -100,6 +104,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         "selection": cfg.selection,
         "selected_epoch": result.selected_epoch,
         "selections": selection_summary(result.history),
+        "convergence": convergence(result.history),
         "metrics": result.selected_metrics,
     }
     save_model(out, student, record, result.history)

@@ -265,7 +265,8 @@ def model_info(model_path: Path) -> dict[str, Any]:
 
     kind: the method family (`config.kind`; "distill" for a student, which records a
     `teacher` instead), selection and selected_epoch (top level), init (`config.init`),
-    teacher and teacher_kind (students). Absent or null values are left out.
+    teacher and teacher_kind (students), convergence (the under-training check of the
+    model's history, `training.convergence`). Absent or null values are left out.
     """
     config_file = model_path / "config.json"
     if not config_file.is_file():
@@ -284,6 +285,7 @@ def model_info(model_path: Path) -> dict[str, Any]:
         "selected_epoch": config.get("selected_epoch"),
         "teacher": config.get("teacher"),
         "teacher_kind": config.get("teacher_kind"),
+        "convergence": config.get("convergence"),
     }
     return {key: value for key, value in info.items() if value is not None}
 

@@ -240,8 +240,14 @@ def scatter_with_curve(
     y_label: str,
     width: int = 480,
     height: int = 300,
+    curve_label: str = "fit",
+    curve_note: Sequence[str] = (),
 ) -> str:
-    """Points {x, y, label, series} coloured by series, plus an optional fitted curve."""
+    """Points {x, y, label, series} coloured by series, plus an optional fitted curve.
+
+    The curve's legend entry is `curve_label`; `curve_note` lines (16 characters each at most)
+    are written under the legend, and both make up the curve's tooltip.
+    """
     xs = [p["x"] for p in points] + ([*curve[0]] if curve else [])
     ys = [p["y"] for p in points] + ([*curve[1]] if curve else [])
     pad = 0.05
@@ -251,15 +257,20 @@ def scatter_with_curve(
     plot.axes()
     plot.line([lo, hi], [lo, hi], "#bbbbbb", dash="2 3", width=1.0, label="y = x (no drop)")
     if curve:
-        plot.line(list(curve[0]), list(curve[1]), "#555555", dash="6 3", width=1.5, label="probit fit over models")
+        plot.line(list(curve[0]), list(curve[1]), "#555555", dash="6 3", width=1.5, label=" ".join([curve_label, *curve_note]))
     names = list(dict.fromkeys(p["series"] for p in points))
     for i, name in enumerate(names):
         mine = [p for p in points if p["series"] == name]
         plot.points([p["x"] for p in mine], [p["y"] for p in mine], color(i), r=4.5, labels=[p["label"] for p in mine])
     entries = [(n, color(i), "") for i, n in enumerate(names)]
     if curve:
-        entries.append(("probit fit", "#555555", "6 3"))
+        entries.append((curve_label, "#555555", "6 3"))
     plot.legend(entries)
+    if curve:
+        x = width - LEGEND_X + 20
+        for k, line in enumerate(curve_note):
+            y = MARGIN["top"] + 8 + 14 * (len(entries) + k)
+            plot.parts.append(f'<text x="{x}" y="{y}" class="legend">{escape(line[:16])}</text>')
     return plot.svg(title)
 
 
@@ -281,8 +292,10 @@ def heatmap(
     y_label: str,
     width: int = 480,
     height: int = 280,
+    notes: dict[tuple[float, float], str] | None = None,
 ) -> str:
-    """A grid coloured by a signed value (diverging around 0), each cell labelled with it."""
+    """A grid coloured by a signed value (diverging around 0), each cell labelled with it;
+    `notes[(x, y)]` is added to that cell's tooltip."""
     plot = Plot(width, height, (-0.5, len(x_values) - 0.5), (-0.5, len(y_values) - 0.5), title, x_label, y_label)
     limit = max((abs(v) for v in cells.values()), default=1.0) or 1.0
     for i, xv in enumerate(x_values):
@@ -290,7 +303,9 @@ def heatmap(
             v = cells.get((xv, yv))
             if v is None:
                 continue
-            plot.rect(i - 0.5, j - 0.5, i + 0.5, j + 0.5, diverging(v, limit), tip=f"{x_label}={xv:g}, {y_label}={yv:g}: {v:+.3f}")
+            note = (notes or {}).get((xv, yv))
+            tip = f"{x_label}={xv:g}, {y_label}={yv:g}: {v:+.3f}" + (f"; {note}" if note else "")
+            plot.rect(i - 0.5, j - 0.5, i + 0.5, j + 0.5, diverging(v, limit), tip=tip)
             plot.text(i, j - 0.08, f"{v:+.2f}", anchor="middle", cls="cell")
     left, bottom = MARGIN["left"], height - MARGIN["bottom"]
     for i, xv in enumerate(x_values):
@@ -301,4 +316,32 @@ def heatmap(
     plot.parts.append(f'<text x="{_f((left + width - MARGIN["right"]) / 2)}" y="{height - 8}" class="axis" text-anchor="middle">{escape(x_label)}</text>')
     plot.parts.append(f'<text x="12" y="{cy}" class="axis" text-anchor="middle" transform="rotate(-90 12 {cy})">{escape(y_label)}</text>')
     plot.parts.append(f'<text x="{left}" y="16" class="title">{escape(title)}</text>')
+    return plot.svg(title)
+
+
+def category_lines(
+    x_names: Sequence[str],
+    series: Sequence[dict[str, Any]],
+    title: str,
+    x_label: str,
+    y_label: str,
+    legend: Sequence[tuple[str, str, str]],
+    y_range: tuple[float, float] = (0.0, 1.0),
+    width: int = 480,
+    height: int = 300,
+) -> str:
+    """Lines over equally spaced categories (a log-spaced knob's values, say), a dot at each
+    value. A series: {label, y (one per category; None = a gap), color, [dash], [width]};
+    `legend` entries (label, colour, dash) are drawn as given (colours and styles can mean
+    different things)."""
+    k = max(len(x_names), 1)
+    plot = Plot(width, height, (-0.3, k - 0.7), y_range, title, x_label, y_label)
+    plot.axes(x_names=list(x_names))
+    for s in series:
+        xs = list(range(len(s["y"])))
+        plot.line(xs, s["y"], s["color"], dash=s.get("dash", ""), width=s.get("width", 1.8), label=s["label"])
+        shown = [(x, y) for x, y in zip(xs, s["y"], strict=True) if y is not None]
+        plot.points([x for x, _ in shown], [y for _, y in shown], s["color"], r=2.2,
+                    labels=[f"{s['label']}, {x_names[x]}: {y:.3f}" for x, y in shown])
+    plot.legend(legend)
     return plot.svg(title)

@@ -18,6 +18,7 @@ Conventions, all deliberate:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -239,16 +240,31 @@ def group_prediction_counts(
 _BOOTSTRAP_CHUNK = 200
 
 
-def bootstrap_indices(n: int, resamples: int, seed: int | Sequence[int]) -> Iterator[np.ndarray]:
-    """Seeded per-example resampling: chunks of (≤200, n) row indices drawn with replacement.
+def bootstrap_indices(g: np.ndarray, resamples: int, seed: int | Sequence[int]) -> Iterator[np.ndarray]:
+    """Seeded resampling stratified by group: chunks of (≤200, n) row indices.
 
-    The stream depends only on (n, resamples, seed), so anyone can redraw the same resamples.
+    Every resample keeps every group's size: position i of a resample holds a row drawn
+    uniformly with replacement from the n_{g_i} rows of group g_i, so `g[idx] == g` for every
+    row of `idx` and no resample ever loses a (small) group. With rows ordered by group
+    (`order = argsort(g, stable)`, group k occupying positions start_k .. start_k + n_k − 1),
+    a chunk is `order[start[g] + rng.integers(0, n[g], size=(chunk, n))]`.
+
+    The draws depend only on (g, resamples, seed), so anyone can redraw the same resamples.
     """
+    g = np.asarray(g, dtype=np.int64)
+    if g.ndim != 1 or len(g) == 0:
+        raise ValueError(f"bootstrap needs a non-empty 1-D array of groups, got shape {g.shape}")
+    if g.min() < 0:
+        raise ValueError(f"groups must be >= 0, got {int(g.min())}")
+    order = np.argsort(g, kind="stable")
+    sizes = np.bincount(g)
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    base, high = start[g], sizes[g]
     rng = np.random.default_rng(seed)
     done = 0
     while done < resamples:
         b = min(_BOOTSTRAP_CHUNK, resamples - done)
-        yield rng.integers(0, n, size=(b, n))
+        yield order[base + rng.integers(0, high, size=(b, len(g)))]
         done += b
 
 
@@ -295,7 +311,10 @@ def bootstrap_ci(
         correct: (n,) or (S, n) booleans; with S seeds of one model on the same examples,
             each resample scores the seed-mean of the metric (one resample of examples
             is shared by all seeds).
-        g: (n,) groups; worst-group accuracy of a resample is over the groups it contains.
+        g: (n,) groups: the resampling is stratified by them (see `bootstrap_indices`), so
+            every resample holds every group of the split at its size, its worst-group
+            accuracy is over the same groups as the point estimate, and its accuracy is the
+            group-size-weighted mean of its group accuracies (the split's own mix).
         resamples, seed: the resampling (see `bootstrap_indices`).
         level: central coverage of the interval.
 
@@ -305,9 +324,12 @@ def bootstrap_ci(
     g = np.asarray(g, dtype=np.int64)
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
+    if c.shape[1] != len(g):
+        raise ValueError(f"correct has {c.shape[1]} examples, g has {len(g)}")
     accs, wgas = [], []
-    for idx in bootstrap_indices(c.shape[1], resamples, seed):
-        acc, wga = _seed_mean_metrics(c[:, idx].transpose(1, 0, 2), g[idx], n_groups)
+    for idx in bootstrap_indices(g, resamples, seed):
+        # Stratified: g[idx] == g on every row.
+        acc, wga = _seed_mean_metrics(c[:, idx].transpose(1, 0, 2), np.broadcast_to(g, idx.shape), n_groups)
         accs.append(acc)
         wgas.append(wga)
     return {
@@ -335,8 +357,9 @@ def paired_bootstrap(
     """Is model A better than model B on the same examples? A paired bootstrap of A − B.
 
     `correct_a` / `correct_b`: (n,) or (S, n) booleans on the same n examples in the same
-    order (seeds averaged as in `bootstrap_ci`). Every resample of examples is scored for
-    both models, so the per-example pairing cancels the shared difficulty of examples.
+    order (seeds averaged as in `bootstrap_ci`). Every resample of examples (stratified by
+    group, `bootstrap_indices`) is scored for both models, so the per-example pairing cancels
+    the shared difficulty of examples.
 
     Returns, for "acc" and "worst_group_acc": {diff, ci: [lo, hi], p_value, significant},
     with diff the point estimate A − B, ci its percentile interval, p_value the two-sided
@@ -350,9 +373,10 @@ def paired_bootstrap(
     point_a = _seed_mean_metrics(a[None], g[None], n_groups)
     point_b = _seed_mean_metrics(b[None], g[None], n_groups)
     diffs: dict[str, list[np.ndarray]] = {"acc": [], "worst_group_acc": []}
-    for idx in bootstrap_indices(len(g), resamples, seed):
-        ma = _seed_mean_metrics(a[:, idx].transpose(1, 0, 2), g[idx], n_groups)
-        mb = _seed_mean_metrics(b[:, idx].transpose(1, 0, 2), g[idx], n_groups)
+    for idx in bootstrap_indices(g, resamples, seed):
+        groups = np.broadcast_to(g, idx.shape)  # stratified: g[idx] == g
+        ma = _seed_mean_metrics(a[:, idx].transpose(1, 0, 2), groups, n_groups)
+        mb = _seed_mean_metrics(b[:, idx].transpose(1, 0, 2), groups, n_groups)
         diffs["acc"].append(ma[0] - mb[0])
         diffs["worst_group_acc"].append(ma[1] - mb[1])
     out: dict[str, dict[str, Any]] = {}
@@ -382,58 +406,77 @@ def seed_summary(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "sd": sd, "n": len(v)}
 
 
-# Accuracies are clipped into [PROBIT_EPS, 1 − PROBIT_EPS] before the probit transform.
-PROBIT_EPS = 1e-4
-MIN_MODELS_FOR_ER = 3
+# ---- effective robustness (Taori et al. 2020) ---------------------------------------------------
+
+# Accuracies are clipped into [LOGIT_EPS, 1 − LOGIT_EPS] before the logit transform.
+LOGIT_EPS = 1e-4
+# (model, seed) points of the reference family the baseline needs; with fewer it is n/a.
+MIN_REFERENCE_POINTS = 3
 
 
-def probit(p: np.ndarray | float) -> np.ndarray:
-    """Φ⁻¹(p), the standard normal quantile, of accuracies clipped away from 0 and 1."""
-    from statistics import NormalDist
-
-    q = np.clip(np.asarray(p, dtype=np.float64), PROBIT_EPS, 1.0 - PROBIT_EPS)
-    inv = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
-    return inv(q)
+def logit(p: np.ndarray | float) -> np.ndarray:
+    """log(p / (1 − p)) of accuracies clipped into [LOGIT_EPS, 1 − LOGIT_EPS]."""
+    q = np.clip(np.asarray(p, dtype=np.float64), LOGIT_EPS, 1.0 - LOGIT_EPS)
+    return np.log(q) - np.log1p(-q)
 
 
-def normal_cdf(z: np.ndarray | float) -> np.ndarray:
-    """Φ(z)."""
-    from math import erf, sqrt
-
-    f = np.vectorize(lambda v: 0.5 * (1.0 + erf(v / sqrt(2.0))), otypes=[np.float64])
-    return f(np.asarray(z, dtype=np.float64))
+def sigmoid(z: np.ndarray | float) -> np.ndarray:
+    """1 / (1 + exp(−z)), the inverse of `logit` (stable for any finite z)."""
+    return np.exp(-np.logaddexp(0.0, -np.asarray(z, dtype=np.float64)))
 
 
-def probit_fit(id_acc: Sequence[float], ood_acc: Sequence[float]) -> tuple[float, float] | None:
-    """Least-squares line Φ⁻¹(ood) = intercept + slope · Φ⁻¹(id); None if the ID accuracies
-    are all equal (after clipping) or fewer than two points are given."""
-    x = probit(np.asarray(id_acc))
-    y = probit(np.asarray(ood_acc))
+def logit_fit(id_acc: Sequence[float], ood_acc: Sequence[float]) -> tuple[float, float] | None:
+    """Least-squares line logit(ood) = intercept + slope · logit(id); None if fewer than two
+    points are given or the ID accuracies are all equal (after clipping)."""
+    x = logit(np.asarray(id_acc, dtype=np.float64))
+    y = logit(np.asarray(ood_acc, dtype=np.float64))
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} ID accuracies but {len(y)} OOD accuracies")
     if len(x) < 2 or np.ptp(x) < 1e-12:
         return None
     slope, intercept = np.polyfit(x, y, 1)
     return float(intercept), float(slope)
 
 
-def effective_robustness(id_acc: Sequence[float], ood_acc: Sequence[float]) -> list[float | None]:
-    """Per model: OOD accuracy minus what its ID accuracy predicts from the *other* models.
+@dataclass(frozen=True)
+class RobustnessBaseline:
+    """The baseline of effective robustness: the line logit(OOD acc) = intercept + slope ·
+    logit(ID acc) fitted (`logit_fit`) on the (model, seed) points of a reference family.
 
-    The prediction is Φ(intercept + slope · Φ⁻¹(id_i)) with the line fitted by `probit_fit`
-    on every model but i (Taori et al. 2020; Miller et al. 2021). All None when there are
-    fewer than MIN_MODELS_FOR_ER models; None for a model whose leave-one-out fit is undefined.
+    `fit` is None, and effective robustness n/a, when there are fewer than
+    MIN_REFERENCE_POINTS points or their ID accuracies are all equal; `reason` says which.
     """
-    ids = [float(v) for v in id_acc]
-    oods = [float(v) for v in ood_acc]
+
+    n_points: int
+    fit: tuple[float, float] | None
+    reason: str | None = None
+
+    def predict(self, id_acc: np.ndarray | float) -> np.ndarray:
+        """The OOD accuracy the baseline expects at `id_acc`: sigmoid(intercept + slope · logit(id))."""
+        if self.fit is None:
+            raise ValueError(f"no baseline: {self.reason}")
+        return sigmoid(self.fit[0] + self.fit[1] * logit(id_acc))
+
+    def effective_robustness(self, id_acc: float, ood_acc: float) -> float | None:
+        """OOD accuracy minus the baseline's prediction at the ID accuracy (None without a fit)."""
+        if self.fit is None:
+            return None
+        return float(ood_acc) - float(self.predict(float(id_acc)))
+
+
+def robustness_baseline(ref_id_acc: Sequence[float], ref_ood_acc: Sequence[float]) -> RobustnessBaseline:
+    """The effective-robustness baseline fitted on a reference family's (ID, OOD) accuracies,
+    one pair per (model, seed) — Taori et al. 2020, "Measuring Robustness to Natural Distribution
+    Shifts in Image Classification", who fit this line on logit-scaled axes over standard models
+    trained without a robustness intervention."""
+    ids = [float(v) for v in ref_id_acc]
+    oods = [float(v) for v in ref_ood_acc]
     if len(ids) != len(oods):
         raise ValueError(f"{len(ids)} ID accuracies but {len(oods)} OOD accuracies")
-    if len(ids) < MIN_MODELS_FOR_ER:
-        return [None] * len(ids)
-    out: list[float | None] = []
-    for i in range(len(ids)):
-        fit = probit_fit(ids[:i] + ids[i + 1 :], oods[:i] + oods[i + 1 :])
-        if fit is None:
-            out.append(None)
-            continue
-        predicted = float(normal_cdf(fit[0] + fit[1] * probit(ids[i])))
-        out.append(oods[i] - predicted)
-    return out
+    n = len(ids)
+    if n < MIN_REFERENCE_POINTS:
+        return RobustnessBaseline(n, None, f"{n} reference point{'' if n == 1 else 's'}, needs {MIN_REFERENCE_POINTS}")
+    fit = logit_fit(ids, oods)
+    if fit is None:
+        return RobustnessBaseline(n, None, f"the {n} reference points share one ID accuracy (no line to fit)")
+    return RobustnessBaseline(n, fit)

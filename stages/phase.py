@@ -5,27 +5,48 @@
 `phase.base` is a generated dataset's config (its `kind` names the dataset module, and its
 schema validates it, as for `dataset.<name>`). For every cell of every panel in the `phase`
 section (two of its knobs, PHASE_KNOBS, on the axes, the others at `phase.base`), and every
-seed, it generates the dataset (data seed = the seed), fits
+seed, it generates the dataset (data seed = the seed), fits on the train split, as toy
+analyses of this question do,
 
-- **generative**: the closed-form method `phase.generative` (a method config; by default
-  LDA, class-conditional Gaussians with a shared covariance), through its registered `fit`, and
-- **discriminative**: logistic regression — an `MLPClassifier` with no hidden layer trained
-  with the shared loop (`stages.models.training.fit_classifier`, cross-entropy, checkpoint
-  selected by `phase.selection`),
+- **generative**: the closed-form method `phase.generative` (a method config; by default LDA,
+  class-conditional Gaussians with a shared covariance shrunk towards its diagonal — a target
+  that does not move as dimensions are added), through its registered `fit`, and
+- **discriminative**: binary logistic regression on the raw features, fitted *to convergence*:
+  it minimises mean cross-entropy + λ/2 ‖w‖² (λ = `phase.lr_l2`, the bias unpenalised;
+  scikit-learn's `C` = 1 / (λ n_train)) by damped Newton steps in float64 until the gradient's
+  largest entry is below `phase.lr_tol` (`fit_logistic`). A tiny λ is "near-unregularised":
+  when d_noise ≫ n_train the train split is linearly separable, the unregularised optimum is
+  at infinity, and the fit approaches the max-margin direction as λ → 0; λ > 0 keeps the
+  optimum finite so the solve converges (in ~10–20 steps). The solve runs in the dual
+  (w = Xᵀα, an (n+1)-square system) when d ≥ n, so d ≫ n costs no more than n. Every
+  λ in `phase.l2_lines` fits one more, regularised, logistic regression beside it.
 
-and scores both on `test_ood` (agreement `base.rho_ood`; 0 = fully reversed). A cell reports
+Both are scored on `test_ood` (agreement `base.rho_ood`; 0 = fully reversed). A cell reports
 each classifier's worst-group OOD accuracy averaged over seeds, their difference
 `diff = generative − discriminative` (positive: the generative classifier is more robust),
-its sample sd over seeds and the winner. Writes data/phase/phase.json: one record per cell (an empty
-list when `phase.panels` is empty, the default; experiment=toy_phase_diagram fills it in).
+its sample sd over seeds and the winner; the Newton steps the slowest seed took
+(`discriminative_iterations`) and logistic regression's train accuracy (1.0: separable);
+`l2_lines` (λ, worst-group and plain OOD accuracy of each regularised fit); and, where the
+dataset module has the closed-form population (`population_lda`, `population_groups`: the
+Gaussian toy data), `population_wga`: the worst-group OOD accuracy of the population LDA rule
+(LDA fitted to infinitely many train examples, no shrinkage), computed exactly — each group
+is Gaussian, so a linear rule's accuracy on it is Φ(margin / sd) (`population_worst_group`).
+It does not depend on n_train or the seed, and since the noise dimensions carry no signal,
+not on d_noise either: the line the sample LDA approaches as n_train grows (with a diagonal
+population covariance, as with one cue dimension, shrinking towards the diagonal leaves that
+limit unchanged; other targets, or a correlated cue block, shrink it too). Writes
+data/phase/phase.json: one record per cell (an empty list when `phase.panels` is empty, the
+default; experiment=toy_phase_diagram fills it in).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import math
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from omegaconf import DictConfig
@@ -39,6 +60,7 @@ from stages.schema import ConfigError
 from stages.settings import PHASE_KNOBS, PhaseConfig
 
 PHASE_PATH = DATA / "phase" / "phase.json"
+MAX_NEWTON_STEPS = 100  # a strongly convex solve converges in far fewer; more means a bug
 
 
 def knob_types(base: Any) -> dict[str, type]:
@@ -62,6 +84,155 @@ def cell_config(base: Any, knobs: dict[str, float], seed: int) -> Any:
     return dataclasses.replace(base, seed=int(seed), **values)
 
 
+# ---- the discriminative fit -------------------------------------------------------------------
+
+
+class LogisticFit(NamedTuple):
+    """A binary logistic regression p(y=1 | x) = σ(x·weight + bias), and how its solve ended."""
+
+    weight: np.ndarray  # (d,) float64
+    bias: float
+    iterations: int  # Newton steps taken
+    grad_max: float  # largest |entry| of the objective's gradient at the returned point
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """x·w + b (float64, (n,)); > 0 predicts class 1."""
+        return np.asarray(x, dtype=np.float64) @ self.weight + self.bias
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """(−s/2, +s/2) per example: their softmax is the fitted p(y | x)."""
+        s = self.scores(x)
+        return np.stack([-s / 2, s / 2], 1)
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, tol: float, max_steps: int = MAX_NEWTON_STEPS) -> LogisticFit:
+    """Binary logistic regression minimising mean_i CE(x_i·w + b, y_i) + l2/2 ‖w‖² (bias not
+    penalised; scikit-learn's LogisticRegression with C = 1 / (l2 · n)), by Newton's method
+    with Armijo backtracking, in float64, until max |gradient| < `tol`.
+
+    With n examples in d dimensions it works in the primal (w, b) when d < n, else in the dual
+    w = Xᵀα (the optimum lies in the span of the examples since only w is penalised): the
+    Newton step of (α, b) solves an (n+1)-square system and equals the primal Newton step, so
+    both routes take the same path. `y` must be 0/1 with both present and `l2` > 0; ValueError
+    when the solve has not converged after `max_steps` steps.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if not l2 > 0:
+        raise ValueError(f"l2 must be > 0 (the separable optimum is at infinity), got {l2}")
+    xt = torch.as_tensor(np.asarray(x, dtype=np.float64))
+    yt = torch.as_tensor(np.asarray(y, dtype=np.float64))
+    if set(np.unique(y).tolist()) != {0, 1}:
+        raise ValueError(f"logistic regression needs labels 0 and 1 both present, got {np.unique(y).tolist()}")
+    n, d = xt.shape
+    dual = d >= n
+    gram = xt @ xt.T if dual else None
+    design = None if dual else torch.cat([xt, torch.ones(n, 1, dtype=torch.float64)], 1)
+    penalty = torch.full((d + 1,), l2, dtype=torch.float64)
+    penalty[d] = 0.0  # the bias (primal route)
+
+    # theta: (α, b) in the dual, (w, b) in the primal, one vector; its last entry is b
+    def objective(theta: torch.Tensor) -> tuple[float, torch.Tensor]:
+        if dual:
+            alpha = theta[:n]
+            s = gram @ alpha + theta[n]
+            reg = 0.5 * l2 * float(alpha @ (gram @ alpha))
+        else:
+            s = design @ theta
+            reg = 0.5 * float((penalty * theta * theta).sum())
+        return float(F.binary_cross_entropy_with_logits(s, yt)) + reg, s
+
+    theta = torch.zeros((n if dual else d) + 1, dtype=torch.float64)
+    value, s = objective(theta)
+    for step_count in range(max_steps + 1):
+        p = torch.sigmoid(s)
+        r, curv = (p - yt) / n, p * (1 - p) / n
+        if dual:
+            g_alpha = r + l2 * theta[:n]  # ∇_w = Xᵀ g_alpha
+            grad = torch.cat([xt.T @ g_alpha, r.sum()[None]])  # the primal gradient (w, b)
+        else:
+            grad = design.T @ r + penalty * theta
+        grad_max = float(grad.abs().max())
+        if grad_max < tol:
+            break
+        if step_count == max_steps:
+            raise ValueError(f"logistic regression did not converge in {max_steps} Newton steps (max |gradient| {grad_max:.2e})")
+        if dual:
+            system = torch.empty(n + 1, n + 1, dtype=torch.float64)
+            system[:n, :n] = curv[:, None] * gram + l2 * torch.eye(n, dtype=torch.float64)
+            system[:n, n] = curv
+            system[n, :n] = curv @ gram
+            system[n, n] = curv.sum()
+            step = torch.linalg.solve(system, torch.cat([g_alpha, r.sum()[None]]))
+            decrease = float(grad[:d] @ (xt.T @ step[:n]) + grad[d] * step[n])  # ∇·(primal step)
+        else:
+            hessian = (design * curv[:, None]).T @ design + torch.diag(penalty)
+            step = torch.linalg.solve(hessian, grad)
+            decrease = float(grad @ step)
+        t = 1.0
+        while True:
+            new_value, new_s = objective(theta - t * step)
+            if new_value <= value - 1e-4 * t * decrease or t < 1e-12:
+                break
+            t *= 0.5
+        theta, value, s = theta - t * step, new_value, new_s
+    weight = (xt.T @ theta[:n]) if dual else theta[:d]
+    return LogisticFit(weight.numpy().copy(), float(theta[-1]), step_count, grad_max)
+
+
+# ---- the population answer --------------------------------------------------------------------
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _solve_sparse(cov: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """cov⁻¹ rhs, solving densely only among the dimensions correlated with another: the others
+    (all the noise dimensions) are divided by their variance, so d_noise in the thousands costs
+    O(d²), not O(d³). A dimension of variance 0 with rhs 0 (a constant one) gets 0."""
+    diag = np.diag(cov).copy()
+    coupled = np.abs(cov - np.diag(diag)).sum(1) > 0
+    w = np.divide(rhs, diag, out=np.zeros_like(rhs), where=(diag != 0) & ~coupled)
+    if coupled.any():
+        w[coupled] = np.linalg.solve(cov[np.ix_(coupled, coupled)], rhs[coupled])
+    return w
+
+
+def population_worst_group(cfg: Any) -> float | None:
+    """Worst-group test_ood accuracy of the population LDA rule of `cfg`'s dataset, exactly.
+
+    The dataset module's `population_lda(cfg)` gives the class means, shared covariance and
+    priors at the training agreement (what LDA converges to with infinitely many train
+    examples and no shrinkage); its rule is the sign of s(x) = w·x + b with
+    w = Σ⁻¹(μ₁ − μ₀), b = −½(μ₁ + μ₀)·w + log(π₁/π₀). `population_groups(cfg, rho_ood)` gives
+    each test_ood group as N(m, C) with its probability; s(x) is then N(w·m + b, wᵀCw), so the
+    group's accuracy is Φ(±(w·m + b) / √(wᵀCw)). The minimum runs over the groups with
+    probability > 0. None when the module has no closed-form population or the task is not binary.
+    """
+    module = importlib.import_module(registry.dataset(cfg.kind).module)
+    fit, groups = getattr(module, "population_lda", None), getattr(module, "population_groups", None)
+    if fit is None or groups is None:
+        return None
+    means, cov, priors = fit(cfg)
+    if len(priors) != 2:
+        return None
+    w = _solve_sparse(np.asarray(cov, dtype=np.float64), np.asarray(means[1] - means[0], dtype=np.float64))
+    b = -0.5 * float((means[1] + means[0]) @ w) + math.log(priors[1] / priors[0])
+    accs = []
+    for group in groups(cfg, cfg.rho_ood):
+        if group.prob <= 0:
+            continue
+        sd = math.sqrt(float(w @ group.cov @ w))
+        margin = (float(group.mean @ w) + b) / sd if sd > 0 else math.copysign(math.inf, float(group.mean @ w) + b)
+        accs.append(_normal_cdf(margin if group.y == 1 else -margin))
+    return min(accs)
+
+
+# ---- one cell ---------------------------------------------------------------------------------
+
+
 def _worst_group(logits: np.ndarray, y: np.ndarray, g: np.ndarray, n_groups: int) -> tuple[float, float]:
     from stages.metrics import group_accuracies, predictions
 
@@ -70,14 +241,9 @@ def _worst_group(logits: np.ndarray, y: np.ndarray, g: np.ndarray, n_groups: int
     return float(acc[n > 0].min()), float(correct.mean())
 
 
-def compare_cell(cfg: Any, pcfg: PhaseConfig, gcfg: Any, seed: int) -> dict[str, float]:
-    """Worst-group and plain test_ood accuracy of the generative classifier and logistic
-    regression on one dataset generated from `cfg` by its kind's generator."""
-    import torch
-
-    from stages.models.mlp import MLPClassifier
-    from stages.models.nets import MLPEncoder, Standardize
-    from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
+def compare_cell(cfg: Any, pcfg: PhaseConfig, gcfg: Any, seed: int) -> dict[str, Any]:
+    """Worst-group and plain test_ood accuracy of the generative classifier and the logistic
+    regressions on one dataset generated from `cfg` by its kind's generator."""
     from stages.runtime import setup_torch
 
     generate = registry.dataset(cfg.kind).generate
@@ -85,33 +251,44 @@ def compare_cell(cfg: Any, pcfg: PhaseConfig, gcfg: Any, seed: int) -> dict[str,
         raise ConfigError(f"params.yaml: phase.base.kind: dataset kind '{cfg.kind}' is not generated")
     columns, meta = generate(cfg)
     n_classes, n_attrs = int(meta["n_classes"]), int(meta["n_attrs"])
+    if n_classes != 2:
+        raise ConfigError(f"params.yaml: phase.base.kind: the phase's logistic regression is binary; '{cfg.kind}' has {n_classes} classes")
     split = columns["split"]
     y, a, x = columns["y"], columns["a"], columns["x"]
     g = y * n_attrs + a
+    ood, train = split == "test_ood", split == "train"
+    n_groups = n_classes * n_attrs
 
-    def part(name: str) -> SplitData:
-        m = split == name
-        return SplitData(torch.from_numpy(np.ascontiguousarray(x[m])), torch.from_numpy(y[m]), torch.from_numpy(g[m]))
-
-    ood = split == "test_ood"
-    train = split == "train"
+    setup_torch(seed)  # one thread, deterministic: the same bytes on any machine
     gen = registry.method(gcfg.kind).fit(x[train], y[train], n_classes, gcfg)  # type: ignore[misc]
-    gen_wga, gen_acc = _worst_group(gen.logits(x[ood]), y[ood], g[ood], n_classes * n_attrs)
+    gen_wga, gen_acc = _worst_group(gen.logits(x[ood]), y[ood], g[ood], n_groups)
 
-    generator = setup_torch(seed)
-    model = MLPClassifier(MLPEncoder(x.shape[1], []), n_classes, Standardize(x.shape[1]).fit(torch.from_numpy(x[train])))
-    needed = {"train", "val"} | ({"test_ood"} if pcfg.selection == "oracle" else set())
-    opts = FitOptions(pcfg.lr, pcfg.epochs, pcfg.batch_size, pcfg.selection, pcfg.weight_decay)
-    result = fit_classifier(model, {s: part(s) for s in ("train", "val", "test_ood") if s in needed}, cross_entropy, opts, generator, desc="phase logistic regression")
-    model.load_state_dict(result.state_dict)
-    disc_wga, disc_acc = _worst_group(model.logits(x[ood]), y[ood], g[ood], n_classes * n_attrs)
-    return {"generative_wga": gen_wga, "discriminative_wga": disc_wga, "generative_ood_acc": gen_acc,
-            "discriminative_ood_acc": disc_acc}
+    def logistic(l2: float) -> LogisticFit:
+        try:
+            return fit_logistic(x[train], y[train], l2, pcfg.lr_tol)
+        except ValueError as e:
+            raise ConfigError(f"params.yaml: phase: logistic regression (λ {l2:g}, cell {cfg}): {e}") from None
+
+    lr = logistic(pcfg.lr_l2)
+    disc_wga, disc_acc = _worst_group(lr.logits(x[ood]), y[ood], g[ood], n_groups)
+    lines = []
+    for l2 in pcfg.l2_lines:
+        wga, acc = _worst_group(logistic(l2).logits(x[ood]), y[ood], g[ood], n_groups)
+        lines.append({"l2": float(l2), "wga": wga, "ood_acc": acc})
+    return {
+        "generative_wga": gen_wga,
+        "discriminative_wga": disc_wga,
+        "generative_ood_acc": gen_acc,
+        "discriminative_ood_acc": disc_acc,
+        "discriminative_train_acc": float(((lr.scores(x[train]) > 0) == (y[train] == 1)).mean()),
+        "discriminative_iterations": lr.iterations,
+        "l2_lines": lines,
+    }
 
 
 def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any]]:
     """One record per panel cell: knob values, seed-mean accuracies, diff = generative −
-    discriminative worst-group OOD accuracy, and the winner.
+    discriminative worst-group OOD accuracy, the winner, and the population LDA's answer.
 
     `base` is the validated dataset config of `phase.base` (see `base_config`).
     """
@@ -124,10 +301,12 @@ def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any
     ]
     rows = []
     for i, panel, xv, yv in progress(cells, desc="phase", total=len(cells), unit="cell"):
-        per_seed = [
-            compare_cell(cell_config(base, {panel.x: xv, panel.y: yv}, s), pcfg, gcfg, s) for s in pcfg.seeds
-        ]
-        mean = {k: float(np.mean([r[k] for r in per_seed])) for k in per_seed[0]}
+        configs = {s: cell_config(base, {panel.x: xv, panel.y: yv}, s) for s in pcfg.seeds}
+        per_seed = [compare_cell(c, pcfg, gcfg, s) for s, c in configs.items()]
+        mean = {
+            k: float(np.mean([r[k] for r in per_seed]))
+            for k in ("generative_wga", "discriminative_wga", "generative_ood_acc", "discriminative_ood_acc", "discriminative_train_acc")
+        }
         diffs = [r["generative_wga"] - r["discriminative_wga"] for r in per_seed]
         diff = float(np.mean(diffs))
         rows.append(
@@ -139,6 +318,16 @@ def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any
                 "y_knob": panel.y,
                 "y": float(yv),
                 **mean,
+                "discriminative_iterations": max(r["discriminative_iterations"] for r in per_seed),
+                "l2_lines": [
+                    {
+                        "l2": float(l2),
+                        "wga": float(np.mean([r["l2_lines"][j]["wga"] for r in per_seed])),
+                        "ood_acc": float(np.mean([r["l2_lines"][j]["ood_acc"] for r in per_seed])),
+                    }
+                    for j, l2 in enumerate(pcfg.l2_lines)
+                ],
+                "population_wga": population_worst_group(next(iter(configs.values()))),
                 "diff": diff,
                 "diff_sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
                 "seeds": len(per_seed),
@@ -161,9 +350,10 @@ def run(params: DictConfig) -> str:
     rows = phase_diagram(pcfg, base_config(params), generative_config(params))
     write_json(rows, PHASE_PATH)
     wins = {w: sum(r["winner"] == w for r in rows) for w in ("generative", "discriminative", "tie")}
+    steps = max((r["discriminative_iterations"] for r in rows), default=0)
     return (
         f"{len(rows)} cells in {len(pcfg.panels)} panels: the generative classifier wins {wins['generative']}, "
-        f"logistic regression {wins['discriminative']}, ties {wins['tie']} -> {PHASE_PATH}"
+        f"logistic regression {wins['discriminative']}, ties {wins['tie']} (at most {steps} Newton steps) -> {PHASE_PATH}"
     )
 
 

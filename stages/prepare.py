@@ -6,7 +6,9 @@ Reads `dataset.<dataset>` from params.yaml and looks up its `kind` in the regist
 (stages/registry.py; one module per kind under stages/datasets/). A generated dataset's
 `generate(cfg)` returns its columns in memory: this stage checks that every group appears in
 val, test_id and test_ood and writes one row per example (id, split, y, a, g, x[, text]) with
-the generator's parameters in the file metadata. Same params => byte-identical file. A real
+the generator's parameters in the file metadata, and the dataset's regime (`separation`: the
+generator's closed form, else estimated on the train rows by stages/regime.py). Same params =>
+byte-identical file. A real
 benchmark's `load(dataset, cfg, out_path)` reads data/raw/<dataset>/ instead and streams the
 file in row groups itself. See docs/datasets.md.
 """
@@ -25,6 +27,7 @@ from stages.artifacts import SPLITS
 from stages.cli import stage_main
 from stages.config import dataset_config, describe_section, help_params
 from stages.datasets import check_groups, group_ids
+from stages.regime import describe, estimate_separation
 
 
 def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
@@ -61,6 +64,15 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
         meta["n_attrs"],
         meta.get("split_groups"),
     )
+    if "separation" not in meta:  # no closed form: estimate it on the train rows
+        train = np.asarray(columns["split"]) == "train"
+        meta = {
+            **meta,
+            "separation": estimate_separation(
+                np.asarray(columns["x"])[train], columns["y"][train], columns["a"][train], meta["n_attrs"], meta["n_classes"]
+            ),
+            "separation_source": "train",
+        }
     ids = np.asarray(columns["id"])
     if len(np.unique(ids)) != len(ids):  # a generator bug, not a config problem
         raise io.ArtifactError(f"dataset.{dataset}: generator '{cfg.kind}' produced duplicate ids")
@@ -81,7 +93,7 @@ def run(params: DictConfig, dataset: str) -> str:
     splits = table.column("split").to_numpy(zero_copy_only=False)
     sizes = ", ".join(f"{s} {int((splits == s).sum())}" for s in SPLITS)
     n_groups = meta["n_classes"] * meta["n_attrs"]
-    return f"wrote {path}: {table.num_rows} rows ({sizes}), {n_groups} groups, x dim {dim}"
+    return f"wrote {path}: {table.num_rows} rows ({sizes}), {n_groups} groups, x dim {dim}; {describe(meta['separation'])}"
 
 
 def _help() -> str:

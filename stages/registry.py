@@ -14,6 +14,7 @@ method or a dataset edits no list: see docs/extending.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import pkgutil
@@ -27,7 +28,10 @@ METHOD_PACKAGE = "stages.models"
 DATASET_PACKAGE = "stages.datasets"
 
 
-PRETRAINED = ("never", "always", "init")  # "init": when the config's `init` is "pretrained"
+# `pretrained=`: "never", "always", or the name of a config key (e.g. "init") whose value
+# PRETRAINED_VALUE means the method reads data/pretrained/<dataset>/.
+PRETRAINED = ("never", "always")
+PRETRAINED_VALUE = "pretrained"
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,14 @@ class MethodSpec:
     train: Callable[..., Any]
     generative: bool  # classifies by argmax_y log p(x | y) + log p(y)
     reads_text: bool  # needs the prepared `text` column
-    pretrained: str  # reads data/pretrained/<dataset>/: one of PRETRAINED
+    pretrained: str  # reads data/pretrained/<dataset>/: one of PRETRAINED, or a config key (see there)
     model: str  # the model kind (`register_model`) its train saves
     # closed-form methods: fit(x, y, n_classes, cfg) -> model on in-memory arrays (the phase
     # diagram fits them cell by cell); None for the others
     fit: Callable[..., Any] | None
+    # a config key whose value, unless PRETRAINED_VALUE, names another method of run.methods
+    # whose trained model (data/models/<dataset>/<that method>/seed=<seed>/) it reads; or None
+    upstream: str | None
     module: str
 
     @property
@@ -52,7 +59,14 @@ class MethodSpec:
 
     def needs_pretrained(self, cfg: Any) -> bool:
         """Whether `cfg` reads the pretrain stage's outputs."""
-        return self.pretrained == "always" or (self.pretrained == "init" and getattr(cfg, "init", None) == "pretrained")
+        if self.pretrained in PRETRAINED:
+            return self.pretrained == "always"
+        return getattr(cfg, self.pretrained, None) == PRETRAINED_VALUE
+
+    def upstream_method(self, cfg: Any) -> str | None:
+        """The method whose trained model `cfg` reads (the value of its `upstream` key), or None."""
+        value = getattr(cfg, self.upstream, None) if self.upstream is not None else None
+        return None if value is None or value == PRETRAINED_VALUE else str(value)
 
 
 @dataclass(frozen=True)
@@ -90,12 +104,21 @@ def register_method(
     pretrained: str = "never",
     model: str = "mlp",
     fit: Callable[..., Any] | None = None,
+    upstream: str | None = None,
 ) -> MethodSpec:
     """Declare a method kind (call once, at the bottom of its module). Give the capabilities
-    as literals: stages/dag.py reads them from the source to write the DVC dependencies."""
-    if pretrained not in PRETRAINED:
-        raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED}, got {pretrained!r}")
-    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, train.__module__)
+    as literals: stages/dag.py reads them from the source to write the DVC dependencies.
+
+    `pretrained`: "never", "always", or the name of a config key (e.g. "init") whose value
+    "pretrained" means the method reads data/pretrained/<dataset>/. `upstream`: the name of a
+    config key whose value, unless "pretrained", names another method (of run.methods) whose
+    trained model, same dataset and seed, the method reads."""
+    keys = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else set()
+    if pretrained not in PRETRAINED and pretrained not in keys:
+        raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED} or a key of its schema {sorted(keys)}, got {pretrained!r}")
+    if upstream is not None and upstream not in keys:
+        raise TypeError(f"method kind '{kind}': upstream must be a key of its schema {sorted(keys)}, got {upstream!r}")
+    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, train.__module__)
     return _add(_METHODS, kind, spec, "method")
 
 

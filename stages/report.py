@@ -33,26 +33,26 @@ from stages.artifacts import (
     plots_dir,
     predictions_path,
     predictions_schema,
+    prepared_path,
 )
 from stages.cli import stage_main
-from stages.config import defaults, section, section_help
+from stages.config import check_er_reference, defaults, section, section_help
 from stages.io import (
     ArtifactError,
     fixed_list_to_numpy,
     read_json,
+    read_metadata,
     read_parquet,
     write_json,
     write_parquet,
     write_text,
 )
 from stages.metrics import (
+    RobustnessBaseline,
     bootstrap_ci,
-    effective_robustness,
-    normal_cdf,
     paired_bootstrap,
-    probit,
-    probit_fit,
     reliability,
+    robustness_baseline,
     softmax,
 )
 from stages.settings import STUDENT_SUFFIX, EvaluateConfig, RunConfig
@@ -133,6 +133,16 @@ def _fmt(values: list[float]) -> str:
     return f"{mean:.3f}" if sd is None else f"{mean:.3f} ± {sd:.3f}"
 
 
+def run_convergence(m: dict[str, Any]) -> dict[str, Any]:
+    """A run's under-training check (`stages.models.training.convergence`, recorded by train or
+    distill in config.json, copied by evaluate into `model_config`); "n/a" when absent (a model
+    fitted without epochs)."""
+    record = (m.get("model_config") or {}).get("convergence")
+    if not isinstance(record, dict) or record.get("flag") is None:
+        return {"flag": "n/a", "improvement": None}
+    return record
+
+
 def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
     """One row per dataset × model × seed × split, sorted by those keys (splits in contract order)."""
     rows = [
@@ -143,6 +153,8 @@ def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
             "split": split,
             "n": int(m["splits"][split]["n"]),
             **{key: _number(m["splits"][split][key]) for key in METRIC_KEYS},
+            "convergence": str(run_convergence(m)["flag"]),
+            "convergence_improvement": run_convergence(m).get("improvement"),
         }
         for m in metrics
         for split in SPLITS
@@ -212,10 +224,14 @@ two or more seeds; [brackets]: 95% bootstrap interval over test examples):
   correlation is fully reversed (the two ends of the shift curve). **used shortcut**: *yes*
   when the gap's interval lies above 0.
 - **ECE**: expected calibration error on `test_ood`.
-- **eff. robustness**: OOD accuracy minus what the model's ID accuracy predicts from the
-  other models of the dataset (probit-linear fit; needs 3 models).
+- **eff. robustness**: OOD accuracy minus what the model's ID accuracy predicts from a
+  reference family of standard models (`evaluate.er_reference`, named under each table): a
+  line fitted on logit axes through their (model, seed) points; *n/a* with fewer than 3.
 - **vs best**: worst-group accuracy minus the best model's, paired bootstrap over the same
   test examples; *significant* only when its interval excludes 0.
+- **training**: *may be under-trained* when the model's own training objective on `val` still
+  improved by more than 1% over the last 20% of its epochs (at least 2), else *plateaued*; the
+  figure is that improvement (the largest over seeds). *n/a*: fitted without epochs.
 
 Exact definitions: `docs/metrics.md`. Every seed and split is in `data/reports/leaderboard.parquet`.
 """
@@ -251,11 +267,15 @@ class ModelSummary:
     shift_rows: list[dict[str, Any]] = field(default_factory=list)
     shift: dict[str, Any] = field(default_factory=dict)
     regenerate: list[dict[str, Any]] = field(default_factory=list)
+    seed_ids: list[int] = field(default_factory=list)
+    # Per seed: OOD acc minus the reference baseline at its ID acc; the mean (None: n/a).
+    effective_robustness_seeds: list[float] = field(default_factory=list)
     effective_robustness: float | None = None
     vs_best: dict[str, Any] | None = None
     groups: dict[str, float | None] = field(default_factory=dict)
     reliability: list[dict[str, Any]] = field(default_factory=list)
     cost: dict[str, Any] | None = None
+    convergence: list[dict[str, Any]] = field(default_factory=list)  # per seed: `run_convergence`
 
     def mean(self, key: str) -> float:
         return statistics.fmean(getattr(self, key))
@@ -278,6 +298,8 @@ def _summarise_model(
         wga=[r["splits"]["test_ood"]["worst_group_acc"] for r in runs],
         ece=[r["splits"]["test_ood"]["ece"] for r in runs],
         cost=runs[0].get("cost"),
+        convergence=[run_convergence(r) for r in runs],
+        seed_ids=[int(r["seed"]) for r in runs],
     )
     n_attrs = int(runs[0]["n_attrs"])
     n_groups = int(runs[0]["n_classes"]) * n_attrs
@@ -330,12 +352,16 @@ def _dataset_section(
         mine = [m for m in runs if m["model"] == model]
         d = [data[(dataset, model, int(m["seed"]))] for m in mine] if data is not None else None
         summaries.append(_summarise_model(dataset, model, mine, d, boot, k))
-    er = effective_robustness([s.mean("id_acc") for s in summaries], [s.mean("ood_acc") for s in summaries])
-    for s, v in zip(summaries, er, strict=True):
-        s.effective_robustness = v
+    er = effective_robustness_reference(summaries, boot.er_reference)
+    if er.baseline.fit is not None:
+        for s in summaries:
+            s.effective_robustness_seeds = [
+                float(er.baseline.effective_robustness(i, o)) for i, o in zip(s.id_acc, s.ood_acc, strict=True)
+            ]
+            s.effective_robustness = statistics.fmean(s.effective_robustness_seeds)
     # max() keeps the first of equal values, so ties go to the earlier model in the table.
     best = max(summaries, key=lambda s: s.mean("wga"))
-    extra: dict[str, Any] = {"best": best.model}
+    extra: dict[str, Any] = {"best": best.model, "er": er}
     if data is not None and boot.bootstrap_resamples > 0:
         first = data[(dataset, runs[0]["model"], int(runs[0]["seed"]))]
         ood = first.split == "test_ood"
@@ -353,6 +379,127 @@ def _dataset_section(
                 [boot.bootstrap_seed, REPORT_STREAM + 50 + j],
             )["worst_group_acc"]
     return summaries, extra
+
+
+def _drop(s: ModelSummary) -> float:
+    """ID→OOD accuracy drop (seed mean): how much the model lost when the correlation broke."""
+    return s.mean("id_acc") - s.mean("ood_acc")
+
+
+def regime_note(
+    separation: dict[str, Any] | None, source: str | None, summaries: list[ModelSummary], reference: Sequence[str]
+) -> tuple[str, dict[str, Any]]:
+    """The dataset's regime (prepared metadata `separation`), what it predicts, and what this run
+    observed: the ID→OOD accuracy drop of the generative models against the discriminative
+    reference family (`evaluate.er_reference`, as for effective robustness). Returns the
+    markdown line and its numbers for summary.json."""
+    from stages.regime import describe
+
+    numbers: dict[str, Any] = {}
+    if separation is None:
+        head = ("**Regime**: not recorded (the prepared file predates `separation`; "
+                "re-run `dvc repro -f prepare@<dataset>`).")
+    else:
+        numbers.update({"separation_cue": separation.get("cue"), "separation_core": separation.get("core")})
+        head = f"**Regime** ({'closed form' if source == 'closed_form' else 'estimated on train'}): {describe(separation)}."
+    generative = [s for s in summaries if model_type(s.info) == "generative"]
+    ref = [s for s in summaries if s.model in reference]
+    if not generative or not ref:
+        missing = "generative model" if not generative else "model of the reference family"
+        return f"{head} **Observed**: n/a (this run has no {missing}).", numbers
+    gen, disc = statistics.fmean(_drop(s) for s in generative), statistics.fmean(_drop(s) for s in ref)
+    numbers.update({"drop_generative": gen, "drop_reference": disc})
+
+    def listing(group: list[ModelSummary]) -> str:
+        return ", ".join(f"{s.model} {_drop(s):.3f}" for s in group)
+
+    observed = "more" if gen > disc else "less" if gen < disc else "as much"
+    verdict = ""
+    if separation is not None and None not in (separation.get("cue"), separation.get("core")) and observed != "as much":
+        expected = "more" if separation["cue"] > separation["core"] else "less" if separation["cue"] < separation["core"] else None
+        if expected is not None:
+            verdict = " — as predicted." if expected == observed else " — contrary to the prediction."
+    text = (
+        f"{head} **Observed** (ID→OOD accuracy drop, seed mean): generative {gen:.3f} ({listing(generative)}) "
+        f"vs discriminative reference {disc:.3f} ({listing(ref)}): the generative classifiers lost {observed}"
+        f"{verdict or '.'}"
+    )
+    return text, numbers
+
+
+@dataclass
+class ERReference:
+    """One dataset's effective-robustness baseline and the reference family it came from."""
+
+    reference: list[str]  # evaluate.er_reference, in its order
+    present: list[str]  # of those, the models in this run
+    baseline: RobustnessBaseline
+
+    @property
+    def absent(self) -> list[str]:
+        return [m for m in self.reference if m not in self.present]
+
+    def family(self) -> str:
+        return ", ".join(self.reference) if self.reference else "(empty)"
+
+    def note(self) -> str:
+        """The line under a dataset's table that says how `eff. robustness` was computed."""
+        head = (
+            f"**eff. robustness**: the baseline is a line on logit axes, logit(OOD acc) = a + b · logit(ID acc), "
+            f"fitted by least squares through the (model, seed) points of the reference family {self.family()} "
+            f"(`evaluate.er_reference`)"
+        )
+        fit = self.baseline.fit
+        text = (
+            f"{head}: {self.baseline.n_points} points, a = {fit[0]:+.3f}, b = {fit[1]:.3f}; "
+            "a model's value is its OOD acc minus the line's at its ID acc (mean over seeds)."
+            if fit is not None
+            else f"{head}. **n/a** here: {self.baseline.reason}."
+        )
+        if self.absent:
+            text += f" Not in this run: {', '.join(self.absent)}."
+        return text
+
+
+def effective_robustness_reference(summaries: list[ModelSummary], reference: Sequence[str]) -> ERReference:
+    """The logit-linear baseline through every (model, seed) point of the reference models in the run."""
+    ref = list(reference)
+    present = [m for m in ref if any(s.model == m for s in summaries)]
+    chosen = [s for s in summaries if s.model in ref]
+    ids = [v for s in chosen for v in s.id_acc]
+    oods = [v for s in chosen for v in s.ood_acc]
+    return ERReference(ref, present, robustness_baseline(ids, oods))
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken at spaces (a longer word is cut)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word[:width])
+    return lines
+
+
+def _fmt_er(s: ModelSummary) -> str:
+    if s.effective_robustness is None:
+        return "n/a"
+    sd = statistics.stdev(s.effective_robustness_seeds) if len(s.effective_robustness_seeds) > 1 else None
+    return f"{s.effective_robustness:+.3f}" + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def _convergence_cell(s: ModelSummary) -> str:
+    """The under-training flag of a model: flagged if any seed is, with the largest improvement of
+    the val objective over the check's window (and how many seeds were flagged, of several)."""
+    checked = [c for c in s.convergence if c["flag"] != "n/a"]
+    if not checked:
+        return "n/a"
+    flagged = [c for c in checked if c["flag"] == "may be under-trained"]
+    top = max(float(c["improvement"]) for c in checked)
+    how = f"improved {top:.1%}" if top > 0 else "no improvement"
+    seeds = f", {len(flagged)}/{len(s.convergence)} seeds" if flagged and len(s.convergence) > 1 else ""
+    return f"**may be under-trained** ({how}{seeds})" if flagged else f"plateaued ({how})"
 
 
 def _fmt_vs_best(s: ModelSummary, best: str) -> str:
@@ -380,18 +527,19 @@ def _table_rows(summaries: list[ModelSummary], best: str) -> list[list[str]]:
     rows = []
     for s in summaries:
         gap, used = _shortcut_cell(s)
-        er = "—" if s.effective_robustness is None else f"{s.effective_robustness:+.3f}"
+        er = _fmt_er(s)
         rows.append(
             [
                 s.model, model_type(s.info), s.info.get("selection") or "—", _fmt(s.id_acc), _fmt(s.ood_acc),
-                _fmt(s.wga) + _ci(s.wga_ci), gap, used, _fmt(s.ece), er, _fmt_vs_best(s, best), str(s.seeds),
+                _fmt(s.wga) + _ci(s.wga_ci), gap, used, _fmt(s.ece), er, _fmt_vs_best(s, best), _convergence_cell(s),
+                str(s.seeds),
             ]
         )
     return rows
 
 
 HEADER = ["model", "type", "selection", "ID acc", "OOD acc", "worst-group acc", "shortcut gap",
-          "used shortcut", "ECE", "eff. robustness", "vs best (worst-group)", "seeds"]
+          "used shortcut", "ECE", "eff. robustness", "vs best (worst-group)", "training", "seeds"]
 
 
 def _takeaway(summaries: list[ModelSummary], best: str) -> str:
@@ -445,12 +593,42 @@ def _cost(s: ModelSummary) -> tuple[str, str]:
 # ---- figures ---------------------------------------------------------------------------------
 
 
+def objective_figure(dataset: str, summaries: list[ModelSummary]) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]]]:
+    """The val objective curve of every model trained by epochs (its first seed), relative to its
+    epoch-1 value, against the fraction of its epochs done: (figures, plot rows)."""
+    series, rows = [], []
+    for i, s in enumerate(summaries):
+        seed, c = next(((k, c) for k, c in zip(s.seed_ids or range(len(s.convergence)), s.convergence, strict=False)
+                        if c.get("val_objective")), (None, None))
+        if c is None or not c["val_objective"][0]:
+            continue
+        v = [float(x) for x in c["val_objective"]]
+        xs = [(e + 1) / len(v) for e in range(len(v))]
+        series.append({"label": f"{s.model} ({c['flag']})", "x": xs, "y": [x / v[0] for x in v], "color": figures.color(i)})
+        rows += [{"dataset": dataset, "series": s.model, "seed": seed, "epoch": e + 1, "fraction": x, "val_objective": val,
+                  "relative": val / v[0], "flag": c["flag"]} for e, (x, val) in enumerate(zip(xs, v, strict=True))]
+    if not series:
+        return [], rows
+    lo, hi = min(min(s["y"]) for s in series), max(max(s["y"]) for s in series)
+    pad = 0.05 * ((hi - lo) or 1.0)
+    caption = ("Each trained model's own training objective on val (cross-entropy, denoising loss, NLL per token, ...) "
+               "after every epoch, divided by its epoch-1 value, against the fraction of its epochs done (first seed). "
+               "A curve still falling over the last 20% of epochs (by more than 1%) is flagged 'may be under-trained' "
+               "in the table; closed-form models have no curve.")
+    chart = figures.line_chart(series, f"{dataset}: val objective during training", "fraction of training epochs",
+                               "val objective / epoch 1", y_range=(lo - pad, hi + pad))
+    return [(f"{dataset}-objective", caption, chart)], rows
+
+
 def _group_name(gid: int, n_attrs: int) -> str:
     return f"y={gid // n_attrs},a={gid % n_attrs}"
 
 
-def dataset_figures(dataset: str, summaries: list[ModelSummary], n_attrs: int) -> tuple[list[tuple[str, str, str]], dict[str, list[dict[str, Any]]]]:
-    """(figures as (name, caption, svg), plot rows per figure) for one dataset."""
+def dataset_figures(
+    dataset: str, summaries: list[ModelSummary], n_attrs: int, er: ERReference | None = None
+) -> tuple[list[tuple[str, str, str]], dict[str, list[dict[str, Any]]]]:
+    """(figures as (name, caption, svg), plot rows per figure) for one dataset; `er`: the
+    effective-robustness baseline drawn in the ID-vs-OOD figure (none without it)."""
     figs: list[tuple[str, str, str]] = []
     rows: dict[str, list[dict[str, Any]]] = {"groups": [], "shift_curve": [], "reliability": [], "distill": []}
     gids = sorted(summaries[0].groups, key=int)
@@ -510,22 +688,27 @@ def dataset_figures(dataset: str, summaries: list[ModelSummary], n_attrs: int) -
         )
         for s in summaries:
             rows["reliability"] += [{"dataset": dataset, "series": s.model, "conf": b["conf"], "acc": b["acc"], "n": b["n"]} for b in s.reliability]
-    pts = [{"x": s.mean("id_acc"), "y": s.mean("ood_acc"), "series": s.model, "label": f"{s.model}: ID {s.mean('id_acc'):.3f}, OOD {s.mean('ood_acc'):.3f}"} for s in summaries]
-    fit = probit_fit([p["x"] for p in pts], [p["y"] for p in pts]) if len(pts) >= 3 else None
+    er = er or effective_robustness_reference(summaries, [])
+    pts = [
+        {"x": i, "y": o, "series": s.model, "label": f"{s.model}, seed {k}: ID {i:.3f}, OOD {o:.3f}"}
+        for s in summaries
+        for k, i, o in zip(s.seed_ids or range(len(s.id_acc)), s.id_acc, s.ood_acc, strict=True)
+    ]
     curve = None
-    if fit is not None:
+    if er.baseline.fit is not None:
         lo, hi = min(p["x"] for p in pts), max(p["x"] for p in pts)
         xs = [lo + (hi - lo) * i / 40 for i in range(41)]
-        curve = (xs, [float(normal_cdf(fit[0] + fit[1] * probit(x))) for x in xs])
+        curve = (xs, [float(v) for v in er.baseline.predict(np.asarray(xs))])
+    what = "In-distribution vs out-of-distribution accuracy, one point per model and seed."
     figs.append(
         (
             f"{dataset}-id-vs-ood",
-            "In-distribution vs out-of-distribution accuracy, one point per model (seed mean). Dashed: the probit-linear "
-            "fit over all models; a point above it is more robust than its ID accuracy predicts (effective robustness; "
-            "the table's numbers leave the model itself out of the fit)." if curve else
-            "In-distribution vs out-of-distribution accuracy, one point per model (seed mean); the effective-robustness "
-            "line needs at least 3 models.",
-            figures.scatter_with_curve(pts, curve, f"{dataset}: ID vs OOD accuracy", "ID accuracy (test_id)", "OOD accuracy (test_ood)"),
+            f"{what} Dashed: the effective-robustness baseline, a line on logit axes fitted through every (model, seed) "
+            f"point of the reference family {er.family()} (`evaluate.er_reference`); a point above it is more robust "
+            "than its ID accuracy predicts." if curve else
+            f"{what} No effective-robustness baseline (reference family {er.family()}, logit axes): {er.baseline.reason}.",
+            figures.scatter_with_curve(pts, curve, f"{dataset}: ID vs OOD accuracy", "ID accuracy (test_id)", "OOD accuracy (test_ood)",
+                                       curve_label="logit fit", curve_note=_wrap(f"over {', '.join(er.present)}", 16)),
         )
     )
     pairs = _distill_pairs(summaries)
@@ -555,22 +738,58 @@ def phase_wins(cells: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 def phase_figures(cells: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """One heatmap per panel of the phase diagram."""
+    """Per panel of the phase diagram: the heatmap of diff = generative − discriminative
+    worst-group OOD accuracy, and the accuracies themselves along the x knob beside the
+    population LDA's closed-form answer (`population_wga`, where the dataset has one)."""
     figs = []
     for panel in sorted({int(c["panel"]) for c in cells}):
         mine = [c for c in cells if int(c["panel"]) == panel]
         xs = sorted({c["x"] for c in mine})
         ys = sorted({c["y"] for c in mine})
-        values = {(c["x"], c["y"]): c["diff"] for c in mine}
+        by_cell = {(c["x"], c["y"]): c for c in mine}
+        values = {k: c["diff"] for k, c in by_cell.items()}
         xk, yk = mine[0]["x_knob"], mine[0]["y_knob"]
         gen, disc = phase_wins(mine)
+
+        def note(c: dict[str, Any]) -> str:
+            parts = [f"LDA {c['generative_wga']:.3f}", f"LR {c['discriminative_wga']:.3f}"]
+            parts += [f"LR λ={line['l2']:g} {line['wga']:.3f}" for line in c.get("l2_lines", [])]
+            if c.get("population_wga") is not None:
+                parts.append(f"population LDA {c['population_wga']:.3f}")
+            return ", ".join(parts)
+
         figs.append(
             (
                 f"phase-{panel}",
-                f"Worst-group OOD accuracy of the Gaussian generative classifier (LDA) minus logistic regression, "
-                f"seed mean, over {xk} × {yk}. "
+                f"Worst-group OOD accuracy of the Gaussian generative classifier (LDA) minus logistic regression "
+                f"fitted to convergence, seed mean, over {xk} × {yk}. "
                 f"Blue: the generative classifier wins ({gen} cells); red: the discriminative one wins ({disc} cells).",
-                figures.heatmap(xs, ys, values, f"phase diagram: {xk} × {yk}", xk, yk),
+                figures.heatmap(xs, ys, values, f"phase diagram: {xk} × {yk}", xk, yk,
+                                notes={k: note(c) for k, c in by_cell.items()}),
+            )
+        )
+        series, legend = [], []
+        has_population = any(c.get("population_wga") is not None for c in mine)
+        for j, yv in enumerate(ys):
+            col = figures.color(j)
+            row = [by_cell.get((xv, yv)) for xv in xs]
+            legend.append((f"{yk} {yv:g}", col, ""))
+            for key, name, dash, width in (("generative_wga", "LDA", "", 1.8), ("discriminative_wga", "logistic regression", "5 3", 1.8),
+                                           ("population_wga", "population LDA", "1 3", 1.4)):
+                pts = [c.get(key) if c else None for c in row]
+                if any(v is not None for v in pts):
+                    series.append({"label": f"{name}, {yk} {yv:g}", "y": pts, "color": col, "dash": dash, "width": width})
+        legend += [("LDA", "#555555", ""), ("logistic regr.", "#555555", "5 3")]
+        legend += [("LDA, n → ∞", "#555555", "1 3")] if has_population else []
+        figs.append(
+            (
+                f"phase-{panel}-lines",
+                f"The same cells: worst-group OOD accuracy along {xk}, one colour per {yk}. Solid: LDA; dashed: "
+                "logistic regression (converged, near-unregularised)"
+                + ("; dotted: the population LDA, fitted to infinitely many examples (closed form), "
+                   "where the sample LDA heads as n_train grows." if has_population else "."),
+                figures.category_lines([f"{xv:g}" for xv in xs], series, f"worst-group OOD accuracy: {xk} × {yk}",
+                                       xk, "worst-group OOD accuracy", legend),
             )
         )
     return figs
@@ -666,8 +885,12 @@ def build_report(
     data: dict[tuple[str, str, int], RunData] | None = None,
     phase: list[dict[str, Any]] | None = None,
     boot: EvaluateConfig | None = None,
+    regimes: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
 ) -> Report:
     """The report from the runs' metrics dicts, their predictions (`data`, optional) and phase cells.
+
+    `regimes`: per dataset, its prepared file's (separation, separation_source) (`load_regime`);
+    a dataset without one says so.
 
     Without `data` there are no intervals, paired tests, shift curves or reliability figures.
     Datasets and models appear in the order they first appear in `metrics` (run() passes the
@@ -692,11 +915,18 @@ def build_report(
         best = extra["best"]
         rows = _table_rows(summaries, best)
         takeaway = _takeaway(summaries, best)
-        figs, fig_rows = dataset_figures(dataset, summaries, int(runs[0]["n_attrs"]))
+        figs, fig_rows = dataset_figures(dataset, summaries, int(runs[0]["n_attrs"]), extra["er"])
         for key, value in fig_rows.items():
             plots[key] += value
-        md += [f"## {dataset}", "", *_markdown_table(HEADER, rows), "", takeaway, ""]
-        html += [f"<h2>{escape(dataset)}</h2>", _html_table(HEADER, rows), f'<p class="takeaway">{_md_inline(takeaway)}</p>']
+        objective_figs, objective_rows = objective_figure(dataset, summaries)
+        figs += objective_figs
+        plots.setdefault("objective", []).extend(objective_rows)
+        er_note = extra["er"].note()
+        sep, source = (regimes or {}).get(dataset, (None, None))
+        regime, regime_numbers = regime_note(sep, source, summaries, boot.er_reference)
+        md += [f"## {dataset}", "", regime, "", *_markdown_table(HEADER, rows), "", er_note, "", takeaway, ""]
+        html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", _html_table(HEADER, rows),
+                 f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
         pairs = _distill_pairs(summaries)
         if pairs:
             cost_header = ["model", "role", "ID acc", "OOD acc", "OOD worst-group", "parameters", "multiply-adds / example"]
@@ -717,11 +947,14 @@ def build_report(
                 "test_id_acc": s.mean("id_acc"),
                 "test_ood_acc": s.mean("ood_acc"),
                 "test_ood_worst_group_acc": s.mean("wga"),
+                **({"test_ood_worst_group_acc_ci": s.wga_ci} if s.wga_ci is not None else {}),
                 **({"effective_robustness": s.effective_robustness} if s.effective_robustness is not None else {}),
                 **({"shortcut_gap": s.shift["gap"]} if s.shift.get("gap") is not None else {}),
             }
             for s in summaries
         }
+        if regime_numbers:  # "_regime" cannot clash with a model: names come from conf/ keys
+            summary[dataset]["_regime"] = regime_numbers
         for s in summaries:
             plots["worst_group"].append({"dataset": dataset, "model": s.model, "worst_group_acc": s.mean("wga")})
         plots["id_vs_ood"] += [
@@ -735,8 +968,9 @@ def build_report(
         text = (
             f"Phase diagram (experiment=toy_phase_diagram): over {len(phase)} cells the generative "
             f"Gaussian classifier (LDA) has the higher worst-group OOD accuracy in {gen} and the discriminative "
-            f"logistic regression in {disc}"
+            f"logistic regression (fitted to convergence, near-unregularised) in {disc}"
             + (" — neither wins everywhere." if gen and disc else ".")
+            + (" Dotted lines: the population LDA's worst-group accuracy in closed form." if any(c.get("population_wga") is not None for c in phase) else "")
         )
         md += ["## Phase diagram: generative vs discriminative", "", text, ""]
         html += ["<h2>Phase diagram: generative vs discriminative</h2>", f"<p>{_md_inline(text)}</p>", _html_figures(figs)]
@@ -765,16 +999,30 @@ def load_phase(path: Path = PHASE_PATH) -> list[dict[str, Any]]:
     return cells
 
 
+def load_regime(dataset: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(separation, separation_source) from the prepared file's metadata (None, None when absent)."""
+    from stages.regime import parse_separation
+
+    path = prepared_path(dataset)
+    meta = read_metadata(path)
+    try:
+        return parse_separation(meta.get("separation")), meta.get("separation_source")
+    except ValueError as e:
+        raise ArtifactError(f"{path}: {e}") from None
+
+
 def run(params: Any) -> str:
     """Read the run's metrics, predictions and phase cells and write the report folder."""
     cfg = section(params, "run", RunConfig)
     boot = section(params, "evaluate", EvaluateConfig)
+    check_er_reference(params, boot)
     metrics = load_metrics(cfg.datasets, cfg.models, cfg.seeds)
     data = {
         (m["dataset"], m["model"], int(m["seed"])): load_run_data(m["dataset"], m["model"], int(m["seed"]), int(m["n_classes"]))
         for m in metrics
     }
-    report = build_report(metrics, data, load_phase(), boot)
+    regimes = {d: load_regime(d) for d in cfg.datasets}
+    report = build_report(metrics, data, load_phase(), boot, regimes)
     write_parquet(
         report.leaderboard,
         REPORTS / "leaderboard.parquet",

@@ -84,6 +84,10 @@ class EvaluateConfig:
     bootstrap_seed: int = option("seed of the bootstrap resampling")
     shift_steps: int = option("points of the shift curve, training agreement to fully reversed")
     shift_regenerate_n: int = option("examples drawn per shift step for generated datasets (0 = off)")
+    er_reference: list[str] = option(
+        "effective robustness: models whose (model, seed) points fit the logit-linear ID→OOD baseline "
+        "(standard training, no robustness intervention; the report reads it)"
+    )
 
     def check(self, c: Checks) -> None:
         c.require(self.ece_bins >= 1, "ece_bins", f"must be >= 1, got {self.ece_bins}")
@@ -95,9 +99,11 @@ class EvaluateConfig:
             "shift_regenerate_n",
             f"must be 0 or >= 8, got {self.shift_regenerate_n}",
         )
+        c.require(len(set(self.er_reference)) == len(self.er_reference), "er_reference", f"has duplicates: {self.er_reference}")
+        c.require(all(m for m in self.er_reference), "er_reference", f"names must not be empty: {self.er_reference}")
 
 
-PHASE_KNOBS = ("sigma", "spurious_scale", "rho_train", "d_noise", "n_train")
+PHASE_KNOBS = ("sigma", "spurious_scale", "rho_train", "d_noise", "noise_std", "cue_dims", "n_train")
 
 
 @dataclass
@@ -113,8 +119,8 @@ class PhasePanel:
 @dataclass
 class PhaseConfig:
     """experiment=toy_phase_diagram: a generative classifier (`generative`, a closed-form method)
-    vs logistic regression over the knobs of a generated dataset (`base`); both are validated
-    by their own kind's schema.
+    vs logistic regression fitted to convergence (stages/phase.py `fit_logistic`) over the knobs
+    of a generated dataset (`base`); both are validated by their own kind's schema.
 
     Every panel sweeps two knobs with the others at `base`; no panels = nothing to compute.
     """
@@ -123,11 +129,12 @@ class PhaseConfig:
     base: dict[str, Any] = field(metadata={"help": "the generated dataset's config: the other knobs"})
     seeds: list[int] = option("data/training seeds per cell; the cell reports the mean")
     generative: dict[str, Any] = field(metadata={"help": "the generative classifier: a method config (its `kind` registered a closed-form `fit`)"})
-    lr: float = option("logistic regression: Adam learning rate")
-    epochs: int = option("logistic regression: epochs")
-    batch_size: int = option("logistic regression: minibatch size")
-    weight_decay: float = option("logistic regression: AdamW weight decay")
-    selection: str = option("logistic regression: checkpoint selection")
+    lr_l2: float = option(
+        "logistic regression: λ of mean cross-entropy + λ/2 ‖w‖² (bias unpenalised; scikit-learn's "
+        "C = 1/(λ n_train)); tiny = near-unregularised, > 0 so a separable fit converges"
+    )
+    lr_tol: float = option("logistic regression: Newton stops when the gradient's largest |entry| is below this")
+    l2_lines: list[float] = option("λ of extra, regularised logistic regressions recorded beside it ([] = none)")
 
     def check(self, c: Checks) -> None:
         for i, p in enumerate(self.panels):
@@ -136,7 +143,9 @@ class PhaseConfig:
                 c.require(len(getattr(p, f"{axis}_values")) >= 1, f"panels[{i}].{axis}_values", "must not be empty")
             c.require(p.x != p.y, f"panels[{i}]", f"x and y must be different knobs, both are '{p.x}'")
         c.require(len(self.seeds) >= 1, "seeds", "must not be empty")
-        c.minibatch(self)
+        c.positive(self.lr_l2, "lr_l2")
+        c.positive(self.lr_tol, "lr_tol")
+        c.require(all(v > 0 for v in self.l2_lines), "l2_lines", f"every λ must be > 0, got {self.l2_lines}")
 
 
 @dataclass

@@ -16,7 +16,8 @@ A single `test_ood` number is one point of a curve. This module draws the curve 
   proportions, so the first point is the expected accuracy under the training distribution
   (what `test_id` estimates); at t = 1 it is the prior-weighted accuracy on the examples
   whose attribute disagrees with the label. Intervals: percentile bootstrap over the pooled
-  examples (seeded), every step scored on the same resamples.
+  examples, stratified by group (seeded; `stages.metrics.bootstrap_indices`), every step
+  scored on the same resamples.
 - **regenerate** (a generated dataset whose kind registers a `regenerate` route,
   stages/registry.py): fresh examples are drawn from the dataset's own generator at each
   step's agreement rate and scored by the model.
@@ -187,8 +188,8 @@ def reweighted_curve(
     acc, wga = acc[0], wga[0]
     boot_acc, boot_wga = [], []
     if resamples > 0:
-        for idx in bootstrap_indices(len(y), resamples, seed):
-            ra, rw = _seed_curves(c[:, idx].transpose(1, 0, 2), g[idx], n_groups, cell_mass, cell)
+        for idx in bootstrap_indices(g, resamples, seed):  # stratified by group: g[idx] == g
+            ra, rw = _seed_curves(c[:, idx].transpose(1, 0, 2), np.broadcast_to(g, idx.shape), n_groups, cell_mass, cell)
             boot_acc.append(ra)
             boot_wga.append(rw)
     bands: dict[str, np.ndarray] = {}

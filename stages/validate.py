@@ -28,6 +28,11 @@ split_stats  one row of per-split aggregates GX has no row-level expression for:
 and reduced to x, x_len and x_finite batch by batch, so a 200k-image dataset never has all its
 pixels in memory at once; the other columns are read whole (a few numbers per row).
 
+The report and the summary line also state the dataset's regime: metadata `separation`
+({cue, core}, stages/regime.py) and what it predicts (`predicted_direction`). It is not an
+expectation: a file prepared before `separation` was recorded validates, with the note
+MISSING_SEPARATION telling the user to re-run prepare.
+
 `ood_shifted` requires ood_shift >= min_shift when the metadata's own shift
 |rho_ood - rho_train| is at least min_shift; a dataset configured with a smaller shift
 (a control, say) must still show that configured shift less rho_tolerance, so the
@@ -64,12 +69,17 @@ from stages.io import (
     temp_prefix,
     write_json,
 )
+from stages.regime import describe, parse_separation, predicted_direction
 from stages.settings import ValidateConfig
 
 CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
 INT_COLUMNS = ("id", "y", "a", "g")
 GROUP_COUNT_SPLITS = ("val", "test_id", "test_ood")
 REQUIRED_META = ("n_classes", "n_attrs", "shape", "rho_train", "rho_ood")
+MISSING_SEPARATION = (
+    "separation not recorded: {path} was prepared before prepare recorded the regime; "
+    "re-run `dvc repro -f prepare@{dataset}` (or `python -m stages.prepare {dataset}`) to record it"
+)
 # A fixed run identity keeps GX from stamping the current time into the Data Docs paths.
 RUN_TIME = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 MAX_EXAMPLES = 10
@@ -127,11 +137,20 @@ def meta_params(meta: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
         out["split_groups"] = {str(s): [int(g) for g in gs] for s, gs in meta["split_groups"].items()}
     if meta.get("published_counts") is not None:
         out["published_counts"] = meta["published_counts"]
+    out["separation"] = _separation(meta.get("separation"), path)
     if out["n_classes"] < 1 or out["n_attrs"] < 1:
         raise ArtifactError(
             f"{path}: metadata n_classes/n_attrs must be >= 1, got {out['n_classes']}/{out['n_attrs']}"
         )
     return out
+
+
+def _separation(value: Any, path: str | Path) -> dict[str, float | None] | None:
+    """Metadata `separation` parsed by `regime.parse_separation`; a malformed one names the file."""
+    try:
+        return parse_separation(value)
+    except ValueError as e:
+        raise ArtifactError(f"{path}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -593,15 +612,23 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
     try:
         records = run_suite(frames, checks, dataset, staging / "site")
         n_failed = sum(not r["success"] for r in records)
+        separation = meta["separation"]
+        regime = (
+            describe(separation)
+            if separation is not None
+            else MISSING_SEPARATION.format(path=src.as_posix(), dataset=dataset)
+        )
         report = {
             "dataset": dataset,
             "source": src.as_posix(),
             "success": n_failed == 0,
             "n_expectations": len(records),
             "n_failed": n_failed,
-            "metadata": meta,
+            "metadata": {**meta, "separation": _plain(separation)},
             "params": asdict(cfg),
             "expectations": records,
+            "separation": _plain(separation),
+            "predicted_direction": predicted_direction(separation) if separation is not None else regime,
         }
         if n_failed:
             write_json(report, failed)
@@ -615,7 +642,10 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     skipped = f"; {meta['n_skipped']} unreadable raw image(s) were skipped by prepare" if meta["n_skipped"] else ""
-    return f"validated {src.as_posix()}: {len(records)}/{len(records)} expectations passed; docs in {(docs / 'index.html').as_posix()}{skipped}"
+    return (
+        f"validated {src.as_posix()}: {len(records)}/{len(records)} expectations passed; "
+        f"docs in {(docs / 'index.html').as_posix()}{skipped}; {regime}"
+    )
 
 
 def _swap_dir(new: Path, target: Path, scratch: Path) -> None:

@@ -62,8 +62,19 @@ def test_every_stage_depends_on_exactly_the_code_it_runs(stage_deps):
 
 def test_only_methods_that_read_the_encoder_wait_for_pretraining(stage_deps):
     reads = {name for name, deps in stage_deps.items() if name.startswith("train@") and any(d.startswith("data/pretrained/") for d in deps)}
-    assert {f"train@colored_digits-{m}-0" for m in ("dfr", "probe", "finetune")} <= reads
-    assert not {f"train@colored_digits-{m}-0" for m in ("lda", "erm", "diffusion", "groupdro")} & reads
+    assert {f"train@colored_digits-{m}-0" for m in ("probe", "finetune")} <= reads
+    # dfr re-trains the last layer of the model its `features` names (erm by default), not the DAE's
+    assert not {f"train@colored_digits-{m}-0" for m in ("lda", "erm", "diffusion", "groupdro", "dfr")} & reads
+
+
+def test_a_method_that_reads_another_methods_model_waits_for_it(stage_deps):
+    params = OmegaConf.load(ROOT / "params.yaml")
+    features = params.method.dfr.features
+    for d in params.run.datasets:
+        for s in params.run.seeds:
+            assert f"data/models/{d}/{features}/seed={s}" in stage_deps[f"train@{d}-dfr-{s}"]
+    reads = {name for name, deps in stage_deps.items() if any(x.startswith("data/models/") for x in deps)}
+    assert {name for name in reads if name.startswith("train@")} == {f"train@{d}-dfr-{s}" for d in params.run.datasets for s in params.run.seeds}
 
 
 def test_a_kind_with_more_code_than_the_slots_is_an_error(tmp_path):

@@ -349,6 +349,49 @@ def test_build_report() -> None:
     assert shuffled.equals(table)
 
 
+def test_report_effective_robustness_uses_a_named_reference_family_on_logit_axes() -> None:
+    from stages.config import defaults
+    from stages.metrics import robustness_baseline
+
+    runs = [fake_metrics("gauss", m, s) for m in ("erm", "lda") for s in (0, 1)]
+    # Reference family erm + lda: 4 (model, seed) points, every model gets a number.
+    built = report.build_report(runs, boot=defaults("evaluate", "default", er_reference=["erm", "lda"]))
+    base = robustness_baseline([0.95, 0.93, 0.90, 0.90], [0.60, 0.50, 0.85, 0.85])
+    per_seed = [base.effective_robustness(i, o) for i, o in ((0.95, 0.60), (0.93, 0.50))]
+    erm_row = next(r for r in built.markdown.splitlines() if r.startswith("| erm"))
+    col = report.HEADER.index("eff. robustness")
+    mean = sum(per_seed) / 2
+    assert erm_row.split(" | ")[col].startswith(f"{mean:+.3f} ± ")
+    assert built.summary["gauss"]["erm"]["effective_robustness"] == pytest.approx(mean)
+    note = next(r for r in built.markdown.splitlines() if r.startswith("**eff. robustness**"))
+    assert "logit axes" in note and "reference family erm, lda (`evaluate.er_reference`): 4 points" in note
+    assert "Not in this run" not in note
+    assert "logit fit" in built.svgs["gauss-id-vs-ood"] and "over erm, lda" in built.svgs["gauss-id-vs-ood"]
+    assert "reference family erm, lda" in built.markdown.split("gauss-id-vs-ood.svg")[0].rsplit("![", 1)[1]
+
+    # The default family (erm, probe, finetune) has only erm's 2 points here: n/a, with the reason
+    # and the absent models named, in markdown and HTML alike; no number anywhere.
+    built = report.build_report(runs, boot=defaults("evaluate", "default"))
+    erm_row = next(r for r in built.markdown.splitlines() if r.startswith("| erm"))
+    assert erm_row.split(" | ")[col] == "n/a"
+    note = next(r for r in built.markdown.splitlines() if r.startswith("**eff. robustness**"))
+    assert "reference family erm, probe, finetune" in note
+    assert note.endswith("**n/a** here: 2 reference points, needs 3. Not in this run: probe, finetune.")
+    assert "<strong>n/a</strong> here: 2 reference points, needs 3. Not in this run: probe, finetune." in built.html
+    assert "effective_robustness" not in built.summary["gauss"]["erm"]
+    assert "logit fit" not in built.svgs["gauss-id-vs-ood"]
+
+
+def test_report_rejects_an_er_reference_that_is_no_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    assert report.main([*_report_args(params), "evaluate.er_reference=[erm,ermm]"]) == 2
+    err = capsys.readouterr().err
+    assert "evaluate.er_reference: 'ermm' is not a model name" in err
+
+
 def test_report_names_model_types() -> None:
     assert report.model_type({"kind": "lda"}) == "generative"
     assert report.model_type({"kind": "diffusion"}) == "generative"
@@ -389,6 +432,7 @@ def test_report_run_writes_deterministic_outputs(
     for r in RUNS:
         write_json(fake_metrics(*r), metrics_path(*r))
         write_fake_predictions(*r)
+    write_fake_prepared_regimes()
     assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=50"]) == 0
     out = Path("data/reports")
     files = [
@@ -408,6 +452,46 @@ def test_report_run_writes_deterministic_outputs(
     html = (out / "report.html").read_text()
     assert html.count("<svg") >= 8 and "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "vs best (worst-group)" in (out / "report.md").read_text()
+
+
+def write_fake_prepared_regimes() -> None:
+    """Prepared files whose metadata the report reads: gauss states its regime, digits predates it."""
+    from stages.artifacts import prepared_path
+    from stages.io import write_parquet
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    table = pa.table({"id": pa.array([0], pa.int64())}, schema=schema)
+    meta = {"separation": {"cue": 10.0, "core": 2.0}, "separation_source": "closed_form"}
+    write_parquet(table, prepared_path("gauss"), schema, metadata=meta)
+    write_parquet(table, prepared_path("digits"), schema, metadata={})
+
+
+def test_report_states_each_datasets_regime_and_what_was_observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The regime line: the prepared file's separation, the direction it predicts, and the
+    generative models' ID→OOD drop against the discriminative reference, with the verdict."""
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    for r in RUNS:
+        write_json(fake_metrics(*r), metrics_path(*r))
+        write_fake_predictions(*r)
+    write_fake_prepared_regimes()
+    assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=0", "evaluate.er_reference=[erm]"]) == 0
+    md = Path("data/reports/report.md").read_text()
+    summary = json.loads(Path("data/reports/summary.json").read_text())
+
+    def drop(dataset: str, model: str) -> float:
+        return float(np.mean([a[0] - a[1] for a in ACCS[(dataset, model)]]))
+
+    gen, ref = drop("gauss", "lda"), drop("gauss", "erm")
+    verdict = "as predicted" if gen > ref else "contrary to the prediction"  # cue 10 > core 2 predicts "more"
+    assert "**Regime** (closed form): separation cue 10 vs core 2: a likelihood (generative) classifier is expected to use the shortcut more" in md
+    assert f"generative {gen:.3f} (lda {gen:.3f}) vs discriminative reference {ref:.3f} (erm {ref:.3f})" in md
+    assert verdict in md.split("## gauss")[1].split("## digits")[0]
+    assert summary["gauss"]["_regime"] == pytest.approx(
+        {"separation_cue": 10.0, "separation_core": 2.0, "drop_generative": gen, "drop_reference": ref}
+    )
+    assert "**Regime**: not recorded" in md.split("## digits")[1]
+    assert "separation_cue" not in summary["digits"]["_regime"]
 
 
 def write_fake_predictions(dataset: str, model: str, seed: int, per_split: int = 40) -> None:

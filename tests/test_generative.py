@@ -104,7 +104,11 @@ def test_conv_diffusion_stopped_mid_training_resumes_to_the_uninterrupted_result
     resumed, result = train_diffusion(prepared, cfg, seed=0, checkpoint=ckpt)
     assert "resuming from scratch/checkpoints/train@blobs-diffusion-0/epoch-000002.safetensors (epoch 2)" in capsys.readouterr().err
     assert resumed.denoiser_kind == "conv" and result.selected_epoch == full.selected_epoch
-    assert result.history.equals(full.history) and [r["epoch"] for r in full.history.to_pylist()][::4] == [3, 4]
+    assert result.history.equals(full.history)
+    # Scored (all four splits) at epochs 3 and 4; the objective on train and val every epoch.
+    rows = full.history.to_pylist()
+    assert [r["epoch"] for r in rows if r["acc"] is not None][::4] == [3, 4]
+    assert [(r["epoch"], r["split"]) for r in rows if r["objective"] is not None] == [(e, s) for e in (1, 2, 3, 4) for s in ("train", "val")]
     expected = whole.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in resumed.state_dict().items())
 
@@ -119,7 +123,8 @@ def test_autoregressive_learns_and_scores_all_classes_in_one_model():
     # Exact likelihood of the tokens: log p(x̃) = logsumexp_y log p(x̃, y) <= 0 for a discrete model.
     ll = model.log_likelihood(prepared.x)
     assert np.all(ll <= 0) and np.allclose(ll, np.logaddexp(logits[:, 0].astype(np.float64), logits[:, 1]), atol=1e-3)
-    assert [r["epoch"] for r in result.history.to_pylist() if r["split"] == "val"] == [3, 6]
+    assert [r["epoch"] for r in result.history.to_pylist() if r["split"] == "val" and r["acc"] is not None] == [3, 6]
+    assert [r["epoch"] for r in result.history.to_pylist() if r["split"] == "val" and r["objective"] is not None] == [1, 2, 3, 4, 5, 6]
 
 
 def test_autoregressive_takes_text_through_the_byte_tokenizer():
@@ -230,11 +235,39 @@ def test_batched_scores_equal_an_unbatched_reference_loop(four_class_diffusion, 
                         e = float(((model.denoiser(z_t[None], ti[None], torch.tensor([y])) - eps[i, s]) ** 2).sum())
                         w = model.steps * float(model.elbo_w[ti]) if weighting == "elbo" else 1.0
                         terms.append(w * e)
-                    ref[i, y] = -np.mean(terms) + float(model.log_priors[y])
+                    # The log prior joins a log-likelihood bound (elbo) only; see the next test.
+                    ref[i, y] = -np.mean(terms) + (float(model.log_priors[y]) if weighting == "elbo" else 0.0)
     finally:
         model.weighting = "simple"
     assert rows == 5 * 4 * 6
     np.testing.assert_allclose(batched.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_simple_weighting_scores_without_the_prior_and_elbo_with_it():
+    # Strongly imbalanced training priors: with `simple` the logits must be exactly the
+    # −mean unweighted error (no log π term, which is not on its scale); with `elbo`, the
+    # ELBO estimate plus log π (Bayes' rule on a log-likelihood bound).
+    torch.manual_seed(0)
+    model = DiffusionClassifier(4, 3, width=8, depth=1, steps=20, weighting="simple", draws=6).eval()
+    priors = torch.log(torch.tensor([0.9, 0.08, 0.02], dtype=torch.float64))
+    model.log_priors.copy_(priors)
+    z = torch.randn(7, 4)
+    t, eps = draw_noise(7, 6, 4, 20, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        err = model.errors(z, t, eps, torch.arange(3).expand(7, 3)).double()
+        logits, elbo, _ = model.score_draws(z, t, eps)
+        assert torch.equal(logits, (-err.mean(-1)).float())
+        # Pruning ranks and scores by the same prior-free score.
+        pruned = DiffusionClassifier.from_arch({**model.arch(), "prune_keep": 1, "prune_draws": 2})
+        pruned.load_state_dict(model.state_dict())
+        p_logits, _, _ = pruned.eval().score_draws(z, t, eps)
+        kept = p_logits.argmax(1, keepdim=True)
+        assert torch.equal(p_logits.gather(1, kept), logits.gather(1, kept))
+        model.weighting = "elbo"
+        e_logits, e_elbo, _ = model.score_draws(z, t, eps)
+    assert torch.equal(e_elbo, elbo)  # the ELBO part does not depend on the weighting
+    assert torch.equal(e_logits, (elbo + priors).float())
+    assert torch.equal(model.score_prior(), priors)
 
 
 def test_pruning_matches_full_scoring_at_fewer_evaluations(four_class_diffusion):

@@ -188,7 +188,8 @@ def test_checkpoints_of_other_params_other_code_or_a_pickle_are_ignored_never_lo
     # Another code version (as if a file of stages/models had changed): every checkpoint is stale.
     real = checkpoint.code_hash
     with monkeypatch.context() as m:
-        m.setattr(checkpoint, "code_hash", lambda paths: "0" + real(paths)[1:])
+        # another hash: its first hex digit changed (a fixed "0" is no change when the real hash starts with 0)
+        m.setattr(checkpoint, "code_hash", lambda paths: ("1" if real(paths)[0] == "0" else "0") + real(paths)[1:])
         assert train.main([DS, "erm", "0", *fast("erm")]) == 0
     err = capsys.readouterr().err
     assert "epoch-000009.safetensors: not a valid safetensors file" in err

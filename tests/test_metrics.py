@@ -299,16 +299,82 @@ def test_paired_bootstrap_separates_real_and_null_differences() -> None:
         paired_bootstrap(base, base[:-1], g, 2, 10, 0)
 
 
-def test_effective_robustness_on_a_probit_line() -> None:
-    from stages.metrics import effective_robustness, normal_cdf, probit, seed_summary
+def test_stratified_bootstrap_keeps_every_group_and_its_size() -> None:
+    from stages.metrics import bootstrap_indices
+
+    rng = np.random.default_rng(3)
+    g = rng.permutation(np.repeat([0, 1, 2, 3], [2, 150, 90, 7]))
+    chunks = list(bootstrap_indices(g, 450, [5, 2]))
+    assert [len(c) for c in chunks] == [200, 200, 50]
+    idx = np.concatenate(chunks)
+    assert (g[idx] == g).all()  # position i always holds a row of group g_i: every count kept
+    counts = np.stack([np.bincount(g[r], minlength=4) for r in idx])
+    assert (counts == np.bincount(g)).all()
+    for k in range(4):  # within a group, rows are drawn with replacement from all its members
+        members = np.flatnonzero(g == k)
+        assert set(np.unique(idx[:, g == k])) == set(members)
+    # Deterministic from (groups, resamples, seed).
+    assert all((a == b).all() for a, b in zip(chunks, bootstrap_indices(g, 450, [5, 2]), strict=True))
+    assert not (next(bootstrap_indices(g, 450, [6, 2])) == chunks[0]).all()
+
+
+def test_worst_group_interval_never_loses_a_tiny_group() -> None:
+    from stages.metrics import bootstrap_ci, paired_bootstrap
+
+    # Two big groups the model gets mostly right and a tiny group of 2 it gets wrong. An
+    # unstratified resample misses the tiny group with probability (1 − 2/n)^n ≈ e^-2 ≈ 14%,
+    # and its worst group then becomes a big group (~0.8): the upper end of the interval
+    # would be far above 0. Stratified, every resample keeps both wrong examples.
+    rng = np.random.default_rng(0)
+    g = np.concatenate([np.zeros(100, int), np.ones(100, int), np.full(2, 2)])
+    correct = np.concatenate([rng.random(200) < 0.85, [False, False]])
+    ci = bootstrap_ci(correct, g, 3, resamples=1000, seed=[0, 3])
+    assert ci["worst_group_acc"] == [0.0, 0.0]
+    assert ci["acc"][0] < correct.mean() < ci["acc"][1]
+    # The paired test: A and B both fail the tiny group, so its worst-group difference is
+    # exactly 0 on every resample.
+    other = np.concatenate([rng.random(200) < 0.6, [False, False]])
+    r = paired_bootstrap(correct, other, g, 3, 300, 0)["worst_group_acc"]
+    assert r == {"diff": 0.0, "ci": [0.0, 0.0], "p_value": 1.0, "significant": False}
+
+
+def test_effective_robustness_on_a_logit_line() -> None:
+    from stages.metrics import (
+        MIN_REFERENCE_POINTS,
+        logit,
+        logit_fit,
+        robustness_baseline,
+        seed_summary,
+        sigmoid,
+    )
 
     ids = [0.6, 0.7, 0.8, 0.9]
-    oods = [float(normal_cdf(0.5 * probit(x) - 0.2)) for x in ids]
-    assert all(abs(v) < 1e-9 for v in effective_robustness(ids, oods))  # all on the line
-    above = oods[:]
-    above[2] += 0.05
-    er = effective_robustness(ids, above)
-    assert er[2] == pytest.approx(0.05, abs=1e-9)  # fitted on the others, which are on the line
-    assert effective_robustness(ids[:2], oods[:2]) == [None, None]  # fewer than 3 models
+    line = lambda x: float(sigmoid(0.5 * logit(x) - 0.2))  # noqa: E731
+    oods = [line(x) for x in ids]
+    assert logit_fit(ids, oods) == pytest.approx((-0.2, 0.5))
+    base = robustness_baseline(ids, oods)
+    assert base.n_points == 4 and base.reason is None
+    assert all(abs(base.effective_robustness(i, o)) < 1e-9 for i, o in zip(ids, oods, strict=True))
+    # Any model, in the reference family or not: OOD acc minus the line at its ID acc.
+    assert base.effective_robustness(0.75, line(0.75) + 0.05) == pytest.approx(0.05, abs=1e-9)
+    assert base.effective_robustness(0.95, line(0.95) - 0.1) == pytest.approx(-0.1, abs=1e-9)
+    # The axes are logit, not probit: a point on the probit line of the same (β₀, β₁) is off it.
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    probit_pts = [nd.cdf(0.5 * nd.inv_cdf(x) - 0.2) for x in ids]
+    assert max(abs(v - w) for v, w in zip(probit_pts, oods, strict=True)) > 1e-3
+    # Accuracies of 0 and 1 are clipped, not infinite.
+    assert np.isfinite(logit([0.0, 1.0])).all()
+    # n/a: fewer than 3 points, or no spread in ID accuracy.
+    few = robustness_baseline(ids[:2], oods[:2])
+    assert MIN_REFERENCE_POINTS == 3 and few.fit is None and few.effective_robustness(0.7, 0.5) is None
+    assert few.reason == "2 reference points, needs 3"
+    flat = robustness_baseline([0.8, 0.8, 0.8], [0.5, 0.6, 0.7])
+    assert flat.fit is None and "share one ID accuracy" in flat.reason
+    with pytest.raises(ValueError, match="no baseline"):
+        flat.predict(0.8)
+    with pytest.raises(ValueError, match="3 ID accuracies but 2"):
+        robustness_baseline([0.1, 0.2, 0.3], [0.1, 0.2])
     assert seed_summary([0.5, 0.7]) == {"mean": pytest.approx(0.6), "sd": pytest.approx(0.1414213562), "n": 2}
     assert seed_summary([0.5])["sd"] is None

@@ -92,7 +92,7 @@ def test_logistic_regression_matches_scikit_learn(n_classes):
 
 def test_dfr_halves_are_disjoint_stratified_and_the_subsample_balanced():
     g = np.array([0] * 40 + [1] * 7 + [2] * 5 + [3] * 30)
-    fit, tune = halves(g, np.random.default_rng(0))
+    fit, tune = halves(g, np.random.default_rng(0), "stratified")
     assert not set(fit) & set(tune) and len(fit) + len(tune) == len(g)
     for k, n in zip(range(4), (40, 7, 5, 30), strict=True):
         assert (g[fit] == k).sum() == (n + 1) // 2
@@ -111,17 +111,18 @@ def test_dfr_recovers_the_core_feature_from_group_balanced_validation_data():
         return Embedded(z, y, 2 * y + a)
 
     val, ood = sample(600, 0.9), sample(2000, 0.1)
-    fit = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0)
+    cfg = defaults("method", "dfr", c_grid=[100.0, 1.0, 0.01], scaler="val")
+    fit = fit_dfr(val, 2, cfg, seed=0)
     correct = (ood.z @ fit.weight.T + fit.bias).argmax(1) == ood.y
     assert min(correct[ood.g == k].mean() for k in range(4)) > 0.7  # the shortcut alone gives ~0
     assert abs(fit.weight[1, 0] - fit.weight[0, 0]) > 3 * abs(fit.weight[1, 1] - fit.weight[0, 1])
     assert fit.summary["n_val_fit"] + fit.summary["n_val_tune"] == 600 and len(fit.summary["grid"]) == 3
-    again = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0)
+    again = fit_dfr(val, 2, cfg, seed=0)
     assert np.array_equal(again.weight, fit.weight) and again.c == fit.c
-    weighted = fit_dfr(val, 2, [0.01, 1.0, 100.0], 5, "val_worst_group", seed=0, balance="weight")
-    assert weighted.summary["n_fits"] == 1 and weighted.summary["n_fit_rows"] == fit.summary["n_val_fit"]
+    weighted = fit_dfr(val, 2, defaults("method", "dfr", c_grid=[100.0, 1.0, 0.01], scaler="val", balance="weight"), seed=0)
+    assert weighted.summary["n_refits"] == 1 and len(weighted.refits[0]) == 600
     with pytest.raises(ValueError, match="test_ood"):
-        fit_dfr(val, 2, [1.0], 1, "oracle", seed=0)
+        fit_dfr(val, 2, defaults("method", "dfr", scaler="val", selection="oracle"), seed=0)
 
 
 def test_selection_summary_agrees_with_the_loop_and_split_table():
@@ -220,7 +221,7 @@ EXPECTED_READS = {
     "jtt": ["train", "val"],
     "probe": ["train", "val"],
     "finetune": ["train", "val"],
-    "dfr": ["val"],
+    "dfr": ["train", "val"],  # train: its inputs (no labels) set the refit's StandardScaler
     "lda": ["train"],
 }
 
@@ -231,7 +232,7 @@ STAGE = pytest.mark.xdist_group("robust_stage")
 
 def fast(method: str) -> list[str]:
     if method in ("lda", "dfr"):
-        return ["method.dfr.n_fits=3"] if method == "dfr" else []
+        return []
     out = [f"method.{method}.epochs=8", f"method.{method}.hidden=[16]", f"method.{method}.lr=0.01"]
     return out + (["method.jtt.id_epochs=1"] if method == "jtt" else [])
 
@@ -326,7 +327,8 @@ def poisonable(stage_dir, monkeypatch):
 @pytest.mark.parametrize("method", METHODS)
 def test_a_method_reads_only_the_splits_it_declares(method, clean_runs, poisonable):
     """Garbage in every split a method does not declare leaves its weights byte-identical;
-    garbage labels in the splits it declares change them. dfr: no train or test row is used."""
+    garbage labels in the splits it declares change them. dfr: no test row is used, and of
+    train only the inputs (for the refit's StandardScaler, as the DFR paper's code does)."""
     weights, config = clean_runs[method]
     assert config["reads_splits"] == EXPECTED_READS[method]
     unread = set(SPLITS) - set(EXPECTED_READS[method])
@@ -342,6 +344,8 @@ def test_a_method_reads_only_the_splits_it_declares(method, clean_runs, poisonab
 def test_oracle_selection_is_declared_as_reading_test_ood(stage_dir, monkeypatch):
     monkeypatch.chdir(stage_dir)
     cfg = method_config(load_params(stage_dir / "params.yaml", ["method.dfr.selection=oracle"]), "dfr")
+    assert train.reads_splits(cfg) == ("train", "val", "test_ood")
+    cfg = method_config(load_params(stage_dir / "params.yaml", ["method.dfr.selection=oracle", "method.dfr.scaler=val"]), "dfr")
     assert train.reads_splits(cfg) == ("val", "test_ood")
     cfg = method_config(load_params(stage_dir / "params.yaml", ["method.jtt.selection=oracle"]), "jtt")
     assert train.reads_splits(cfg) == ("train", "test_ood")
@@ -358,10 +362,42 @@ def test_dfr_rejects_stale_embeddings(stage_dir, monkeypatch, capsys):
         z = np.stack(emb.column("z").to_pylist()).astype(np.float32) + 1.0
         table = pa.table({"id": emb.column("id"), "split": emb.column("split"), "z": numpy_to_fixed_list(z)})
         write_parquet(table, epath, embeddings_schema(z.shape[1]), meta)
-        assert train.main([DS, "dfr", "0", *TINY]) == 2
+        assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=pretrained"]) == 2
         assert "embeddings.parquet does not match encoder.safetensors" in capsys.readouterr().err
     finally:
         epath.write_bytes(before)
+
+
+@STAGE
+def test_dfr_refits_the_head_of_the_model_its_features_name(clean_runs, poisonable, capsys):
+    """features=<method>: the saved model is that method's trained standardisation and encoder,
+    frozen, under a new head (raw x in, logits out); features=pretrained: the DAE's encoder.
+    A method with no model yet, or one that is no MLP, is an error naming the key."""
+    _, config = clean_runs["dfr"]
+    features = config["config"]["features"]
+    assert config["dfr"]["features"] == features and config["dfr"]["n_refits"] == config["config"]["n_refits"] >= 10
+    assert config["dfr"]["features_from"] == str(model_dir(DS, features, 0) / WEIGHTS)
+    assert {"c", "grid", "penalty"} <= set(config["dfr"]) and len(config["dfr"]["grid"]) == len(config["config"]["c_grid"])
+    ours, base = load_model(model_dir(DS, "dfr", 0)).state_dict(), load_model(model_dir(DS, features, 0)).state_dict()
+    assert set(ours) == set(base)
+    assert all(torch.equal(t, ours[k]) for k, t in base.items() if not k.startswith("head."))
+    assert not torch.equal(base["head.weight"], ours["head.weight"])
+
+    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=pretrained"]) == 0
+    pretrained = read_json(model_dir(DS, "dfr", 0) / CONFIG)
+    assert pretrained["pretrained_encoder"] == pretrained["dfr"]["features_from"] == str(pretrained_dir(DS) / "encoder.safetensors")
+    from stages.models import load_encoder
+
+    standardize, encoder = load_encoder(pretrained_dir(DS) / "encoder.safetensors")
+    ours = load_model(model_dir(DS, "dfr", 0)).state_dict()
+    assert all(torch.equal(t, ours[f"encoder.{k}"]) for k, t in encoder.state_dict().items())
+
+    capsys.readouterr()
+    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=qda"]) == 2  # never trained here
+    err = capsys.readouterr().err
+    assert "method.dfr.features" in err and str(model_dir(DS, "qda", 0)) in err
+    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=lda"]) == 2  # no hidden layer
+    assert "method.dfr.features: method 'lda' saved a 'lda' model" in capsys.readouterr().err
 
 
 # ---- bad config fails before any data is read ------------------------------------------------
@@ -377,6 +413,10 @@ def test_dfr_rejects_stale_embeddings(stage_dir, monkeypatch, capsys):
         ("method.probe.init=scratch", "method.probe.init"),
         ("method.dfr.c_grid=[1.0,0]", "method.dfr.c_grid"),
         ("method.dfr.n_fits=0", "method.dfr.n_fits"),
+        ("method.dfr.n_refits=0", "method.dfr.n_refits"),
+        ("method.dfr.penalty=l3", "method.dfr.penalty"),
+        ("method.dfr.halving=half", "method.dfr.halving"),
+        ("method.dfr.scaler=test", "method.dfr.scaler"),
         ("method.dfr.balance=none", "method.dfr.balance"),
         ("method.dfr.selection=test", "method.dfr.selection"),
     ],

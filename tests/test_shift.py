@@ -115,17 +115,22 @@ def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "params.yaml", "params.yaml")
-    panel = "[{x: spurious_scale, x_values: [0.25, 2.0], y: rho_train, y_values: [0.95]}]"
-    argv = [f"phase.panels={panel}", "phase.seeds=[0,1]", "phase.epochs=15", "phase.base.n_train=300"]
+    panel = "[{x: d_noise, x_values: [0, 2048], y: n_train, y_values: [100]}]"
+    argv = [f"phase.panels={panel}", "phase.seeds=[0,1]"]
     assert phase.main(argv) == 0
     cells = read_json(phase.PHASE_PATH)
     assert [(c["x_knob"], c["x"], c["y_knob"], c["y"]) for c in cells] == [
-        ("spurious_scale", 0.25, "rho_train", 0.95),
-        ("spurious_scale", 2.0, "rho_train", 0.95),
+        ("d_noise", 0.0, "n_train", 100.0),
+        ("d_noise", 2048.0, "n_train", 100.0),
     ]
-    # A weak spurious feature: LDA's likelihood weighs it little; a strong one: LDA leans on it.
-    assert [c["winner"] for c in cells] == ["generative", "discriminative"]
+    # No noise dimensions: LDA leans on the low-noise cue, converged logistic regression less;
+    # d_noise ≫ n_train: the separable train split's max-margin-like fit spends its margin on noise.
+    assert [c["winner"] for c in cells] == ["discriminative", "generative"]
     assert all(c["seeds"] == 2 and c["diff"] == pytest.approx(c["generative_wga"] - c["discriminative_wga"]) for c in cells)
+    assert cells[1]["discriminative_train_acc"] == 1.0 and all(0 < c["discriminative_iterations"] < 40 for c in cells)
+    # the population LDA's answer does not depend on the (signal-free) noise dimensions
+    assert cells[0]["population_wga"] == cells[1]["population_wga"] is not None
+    assert [line["l2"] for line in cells[0]["l2_lines"]] == list(load_params(REPO / "params.yaml").phase.l2_lines)
     first = phase.PHASE_PATH.read_bytes()
     assert phase.main(["phase.panels=[]"]) == 0 and read_json(phase.PHASE_PATH) == []
     assert phase.main(argv) == 0 and phase.PHASE_PATH.read_bytes() == first  # deterministic
@@ -139,8 +144,11 @@ def test_toy_phase_diagram_experiment_composes_and_validates(tmp_path: Path, mon
     knobs = {k for p in cfg.panels for k in (p.x, p.y)}
     assert knobs == {"sigma", "spurious_scale", "rho_train", "d_noise", "n_train"}
     assert sum(len(p.x_values) * len(p.y_values) for p in cfg.panels) >= 40
+    # many noise dimensions relative to n: a panel reaches d_noise >= 10 x n_train
+    assert any(p.x == "n_train" and p.y == "d_noise" and max(p.y_values) >= 10 * min(p.x_values) for p in cfg.panels)
     base = dataset_section(params, "phase.base")  # validated by its kind's schema
     assert base.rho_ood == 0.0  # scored on a fully reversed test set
+    assert base.noise_scaling == "per_dim"  # adding noise dimensions adds no noise energy
     assert knobs <= {f.name for f in dataclasses.fields(base)}
 
 

@@ -148,9 +148,31 @@ def test_rerun_gives_identical_json_and_docs(workdir, capsys):
     n = json.loads(validated_path("toy").read_text())["n_expectations"]
     assert out == (
         f"validate: validated data/prepared/toy.parquet: {n}/{n} expectations passed; "
-        "docs in data/validated/toy_docs/index.html"
+        "docs in data/validated/toy_docs/index.html; "
+        + stage.MISSING_SEPARATION.format(path="data/prepared/toy.parquet", dataset="toy")
     )
     assert outputs_hash() == before
+
+
+def test_separation_and_prediction_are_reported_and_a_missing_one_is_a_note(workdir, capsys):
+    # toy's file predates `separation`: it validates, and the report says how to record it
+    report = json.loads(validated_path("toy").read_text())
+    assert report["separation"] is None and "re-run `dvc repro -f prepare@toy`" in report["predicted_direction"]
+    write_prepared("regime", make_columns(), separation={"cue": 10.0, "core": 2.0})
+    assert stage.main(["regime"]) == 0
+    out = capsys.readouterr().out
+    more = "a likelihood (generative) classifier is expected to use the shortcut more than a discriminative one"
+    assert f"separation cue 10 vs core 2: {more}" in out
+    report = json.loads(validated_path("regime").read_text())
+    assert report["success"] and report["separation"] == {"cue": 10.0, "core": 2.0}
+    assert report["predicted_direction"] == more and report["metadata"]["separation"] == report["separation"]
+    # an exact cue (closed form inf) is written as a string, never as invalid JSON
+    write_prepared("exact", make_columns(), separation={"cue": float("inf"), "core": 2.0})
+    assert stage.main(["exact"]) == 0
+    assert json.loads(validated_path("exact").read_text())["separation"] == {"cue": "inf", "core": 2.0}
+    write_prepared("badsep", make_columns(), separation={"cue": 1.0})
+    assert stage.main(["badsep"]) == 2
+    assert "'separation' must be {cue, core}" in capsys.readouterr().err
 
 
 def _nan_feature(c):

@@ -10,8 +10,10 @@ A generated dataset's function is `generate(cfg) -> (columns, meta)`:
 - `columns`: numpy arrays `id` (int64), `split` (str), `y` (int64), `a` (int64) and
   `x` (float32, n × dim), one row per example, already in the order they are written;
 - `meta`: `kind`, `n_classes`, `n_attrs`, `shape`, `rho_train`, `rho_ood`, `params`,
-  `split_sizes` (and `layout` for images) — `stages.prepare` adds the dataset name and
-  the group column and writes the file.
+  `split_sizes` (and `layout` for images), and `separation` where the generator knows it in
+  closed form — `stages.prepare` adds the dataset name, the group column and, when the
+  generator gave none, `separation` estimated on the train rows (stages/regime.py), and
+  writes the file.
 
 Generators draw only from `numpy.random.default_rng` seeded by `cfg.seed`, never from a
 global RNG, so the same config gives byte-identical output. Real benchmarks read

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import artifacts
+from stages import artifacts, regime
 from stages.datasets import raw
 from stages.io import ArtifactError, write_parquet_stream
 from stages.registry import register_dataset
@@ -104,11 +104,16 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
     }
     plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"text": texts})
     schema = artifacts.prepared_schema(len(vocab), text=True)
+    # The regime, on the bag of words `x` of a bounded sample of train rows as the chunks pass.
+    sample, weights = regime.train_sample(plan.split, plan.y, plan.a, 2, cfg.seed)
+    separation = regime.SeparationAccumulator(len(vocab), 2, 2, weights)
     with write_parquet_stream(out, schema) as (stream, file_meta):
         for start in range(0, len(plan), 16 * raw.CHUNK_ROWS):
             rows = np.arange(start, min(start + 16 * raw.CHUNK_ROWS, len(plan)))
             chunk_text = plan.extra["text"][rows].tolist()
             x = bag_of_words(chunk_text, vocab)
+            pick = sample[rows]
+            separation.add(x[pick], plan.y[rows[pick]], plan.a[rows[pick]])
             table = pa.table(
                 {
                     **raw.base_table(plan, rows),
@@ -117,6 +122,8 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
                 }
             )
             stream.write(table)
+        plan.meta["separation"] = separation.result()
+        plan.meta["separation_source"] = "train_sample"
         file_meta.update(plan.meta)
         n_rows = stream.num_rows
     return raw.summary(out, plan.meta, n_rows)

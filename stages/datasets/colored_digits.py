@@ -9,6 +9,13 @@ in train/val/test_id and rho_ood in test_ood. The cue that carries a is one of t
 - background: grayscale digit composited over a blue background of mean BACKGROUND[a]
               with per-pixel noise of std BACKGROUND_NOISE_GAIN·noise.
 
+Three knobs set the cue's regime (their defaults, 1 / 0 / 0, give exactly the data above):
+`cue_gap` scales the gap between the two attribute levels around their midpoint (tints,
+background levels; the marker's level above the blank corner), `cue_pixels` sets how many
+pixels carry the cue (marker: pixels per attribute; color, background: the first k pixels in
+row-major order, the others get the midpoint level; 0 = the form's own footprint), and
+`pixel_noise` adds independent N(0, pixel_noise²) to every value of the image.
+
 Images are 3×8×8 (CHW), values clipped to [0, 1], flattened into x. An image's id is its
 index in `load_digits()` order. See docs/datasets.md.
 """
@@ -36,6 +43,12 @@ class ColoredDigitsConfig:
     rho_ood: float = option("P(attribute == label) in test_ood (0.05 = reversed)")
     spurious: str = option("form of the spurious cue: color | marker | background")
     spurious_noise: float = option("std of the noise on the spurious cue (0 = exact)")
+    cue_gap: float = option("gap between the two attribute levels, as a multiple of the built-in one (scaled around their midpoint; marker: the marker's level)")
+    cue_pixels: int = option(
+        "pixels carrying the cue: marker pixels per attribute (1..32) | color, background: the first k "
+        "of the 64 pixels in row-major order (the rest get the midpoint level); 0 = the form's own (marker 1, others 64)"
+    )
+    pixel_noise: float = option("std of independent N(0, ·) noise added to every value of every image (0 = none)")
     val_frac: float = option("fraction of images in val")
     test_id_frac: float = option("fraction of images in test_id")
     test_ood_frac: float = option("fraction of images in test_ood")
@@ -45,6 +58,10 @@ class ColoredDigitsConfig:
         c.prob(self.rho_ood, "rho_ood")
         c.choice(self.spurious, "spurious", ["color", "marker", "background"])
         c.non_negative(self.spurious_noise, "spurious_noise")
+        c.non_negative(self.cue_gap, "cue_gap")
+        c.non_negative(self.pixel_noise, "pixel_noise")
+        most = MAX_MARKER_PIXELS if self.spurious == "marker" else PIXELS
+        c.require(0 <= self.cue_pixels <= most, "cue_pixels", f"must be in 0..{most} for spurious={self.spurious}, got {self.cue_pixels}")
         for k in ("val_frac", "test_id_frac", "test_ood_frac"):
             c.require(0 < getattr(self, k) < 1, k, f"must be in (0, 1), got {getattr(self, k)}")
         total = self.val_frac + self.test_id_frac + self.test_ood_frac
@@ -60,6 +77,30 @@ MARKERS = ((0, 0), (7, 0))
 # at the default noise 0.1 each pixel's std (0.3) exceeds the gap between the levels (0.2).
 BACKGROUND = (0.25, 0.45)
 BACKGROUND_NOISE_GAIN = 3.0
+PIXELS = 64
+# cue_pixels > 1 markers grow in row-major order from their corner: a = 0 through rows 0..3,
+# a = 1 through rows 7, 6, 5, 4 — the two never overlap.
+MAX_MARKER_PIXELS = 32
+MARKER_PIXELS = (
+    tuple((r, c) for r in range(4) for c in range(8)),
+    tuple((r, c) for r in range(7, 3, -1) for c in range(8)),
+)
+
+
+def levels(base: np.ndarray, gap: float) -> np.ndarray:
+    """The two attribute levels (rows of `base`) with their difference scaled by `gap` around
+    their midpoint; `base` itself at gap 1 (so the default data keeps its exact bytes)."""
+    base = np.asarray(base, dtype=np.float64)
+    if gap == 1.0:
+        return base
+    mid = base.mean(axis=0)
+    return mid + gap * (base - mid)
+
+
+def cue_mask(cue_pixels: int) -> np.ndarray:
+    """(8, 8) bool: the pixels carrying a color or background cue (first k in row-major order; 0 = all)."""
+    k = PIXELS if cue_pixels == 0 else cue_pixels
+    return (np.arange(PIXELS) < k).reshape(8, 8)
 
 
 def load_images() -> tuple[np.ndarray, np.ndarray]:
@@ -71,28 +112,51 @@ def load_images() -> tuple[np.ndarray, np.ndarray]:
 
 
 def render(
-    images: np.ndarray, a: np.ndarray, spurious: str, noise: float, rng: np.random.Generator
+    images: np.ndarray,
+    a: np.ndarray,
+    spurious: str,
+    noise: float,
+    rng: np.random.Generator,
+    cue_gap: float = 1.0,
+    cue_pixels: int = 0,
+    pixel_noise: float = 0.0,
 ) -> np.ndarray:
-    """3-channel images (n, 3, 8, 8) in [0, 1] carrying attribute `a` in the given form."""
+    """3-channel images (n, 3, 8, 8) in [0, 1] carrying attribute `a` in the given form.
+
+    Draws the cue noise, then (pixel_noise > 0 only) the per-value noise, from `rng`.
+    """
     n = len(images)
     gray = np.repeat(images[:, None], 3, axis=1)
     if spurious == "color":
-        weights = TINTS[a] + noise * rng.standard_normal((n, 3))
-        out = gray * weights[:, :, None, None]
+        tints = levels(TINTS, cue_gap)
+        draw = noise * rng.standard_normal((n, 3))
+        weights = tints[a] + draw
+        if cue_pixels == 0:
+            out = gray * weights[:, :, None, None]
+        else:  # pixels outside the cue's footprint get the midpoint tint, whatever a
+            plain = tints.mean(axis=0) + draw
+            out = gray * np.where(cue_mask(cue_pixels), weights[:, :, None, None], plain[:, :, None, None])
     elif spurious == "marker":
         out = gray.copy()
-        values = 1.0 + noise * rng.standard_normal(n)
-        for attr, (row, col) in enumerate(MARKERS):
+        values = cue_gap + noise * rng.standard_normal(n)
+        for attr in (0, 1):
             rows = np.flatnonzero(a == attr)
-            out[rows, :, row, col] = values[rows, None]
+            pixels = (MARKERS[attr],) if cue_pixels == 0 else MARKER_PIXELS[attr][:cue_pixels]
+            for row, col in pixels:
+                out[rows, :, row, col] = values[rows, None]
     elif spurious == "background":
         out = gray.copy()
-        level = np.asarray(BACKGROUND)[a][:, None, None]
+        bands = levels(np.asarray(BACKGROUND)[:, None], cue_gap)[:, 0]
+        level = bands[a][:, None, None]
+        if cue_pixels != 0:
+            level = np.where(cue_mask(cue_pixels), level, bands.mean())
         background = level + BACKGROUND_NOISE_GAIN * noise * rng.standard_normal((n, 8, 8))
         # The stroke occludes the background: alpha-composite with the ink as alpha.
         out[:, 2] = images + (1.0 - images) * background
     else:
         raise ValueError(f"unknown spurious form '{spurious}'")
+    if pixel_noise > 0:
+        out = out + pixel_noise * rng.standard_normal(out.shape)
     return np.clip(out, 0.0, 1.0)
 
 
@@ -100,7 +164,8 @@ def generate(cfg: ColoredDigitsConfig) -> Generated:
     """All four splits, rows ordered by split (train, val, test_id, test_ood) then id.
 
     One stream `default_rng(seed)` draws, in order: the split permutation, the attribute
-    permutation, then the cue noise for every image in id order.
+    permutation, then the cue noise for every image in id order (and, when pixel_noise > 0,
+    the per-value noise after it).
     """
     images, digits = load_images()
     y = (digits < 5).astype(np.int64)
@@ -108,7 +173,7 @@ def generate(cfg: ColoredDigitsConfig) -> Generated:
     split = assign_splits(y, cfg, rng)
     a = assign_attributes(y, split, cfg, rng)
     x = (
-        render(images, a, cfg.spurious, cfg.spurious_noise, rng)
+        render(images, a, cfg.spurious, cfg.spurious_noise, rng, cfg.cue_gap, cfg.cue_pixels, cfg.pixel_noise)
         .reshape(len(y), -1)
         .astype(np.float32)
     )

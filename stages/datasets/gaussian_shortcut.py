@@ -1,14 +1,16 @@
-"""`gaussian_shortcut`: a core feature, a spurious feature and pure noise, all Gaussian.
+"""`gaussian_shortcut`: a core feature, a spurious cue over `cue_dims` features and pure noise, all Gaussian.
 
-With y± = 2y − 1 ∈ {−1, +1} and a± = 2a − 1:
+With y± = 2y − 1 ∈ {−1, +1}, a± = 2a − 1 and k = cue_dims:
 
-    x[0]          = y± + N(0, sigma²)                       core feature
-    x[1]          = a±·spurious_scale + N(0, spurious_noise²)  spurious feature
-    x[2:2+d_noise] ~ N(0, 1)                                  noise
+    x[0]              = y± + N(0, sigma²)                          core feature
+    x[1 : 1+k]        = a±·spurious_scale + N(0, spurious_noise²)   spurious cue, each independently
+    x[1+k : 1+k+d_noise] ~ N(0, s²)                                 noise, s = noise_std
+                                                                    (per_dim: noise_std/sqrt(d_noise))
 
 a agrees with y (a == y) with probability rho_train in train/val/test_id and rho_ood in
 test_ood. Because every group is a Gaussian with known mean and covariance, the population
-answer of any Gaussian classifier is closed-form (`population_groups`, `population_lda`).
+answer of any Gaussian classifier is closed-form (`population_groups`, `population_lda`), and
+so is the regime (`separation`): cue 2·spurious_scale·sqrt(k)/spurious_noise, core 2/sigma.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from stages.datasets import Generated, agreement_counts, attribute_from_agreement
+from stages.regime import closed_form
 from stages.registry import register_dataset
 from stages.schema import Checks, option
 
@@ -35,7 +38,13 @@ class GaussianShortcutConfig:
     spurious_noise: float = option("std of the noise added to the spurious feature")
     rho_train: float = option("P(spurious sign agrees with y) in train, val and test_id")
     rho_ood: float = option("P(spurious sign agrees with y) in test_ood")
-    d_noise: int = option("number of pure-noise N(0,1) dimensions")
+    d_noise: int = option("number of pure-noise dimensions (no cap: d_noise >> n_train is allowed)")
+    noise_std: float = option("std of each pure-noise dimension (with noise_scaling none)")
+    noise_scaling: str = option(
+        "none: each noise dimension has std noise_std | per_dim: std noise_std/sqrt(d_noise), "
+        "so the total noise energy stays noise_std² as d_noise grows"
+    )
+    cue_dims: int = option("dimensions carrying the spurious cue, each ±spurious_scale + its own noise")
     n_train: int = option("train examples")
     n_val: int = option("validation examples")
     n_test_id: int = option("in-distribution test examples")
@@ -48,10 +57,14 @@ class GaussianShortcutConfig:
         c.prob(self.rho_train, "rho_train")
         c.prob(self.rho_ood, "rho_ood")
         c.non_negative(self.d_noise, "d_noise")
+        c.non_negative(self.noise_std, "noise_std")
+        c.choice(self.noise_scaling, "noise_scaling", NOISE_SCALINGS)
+        c.require(self.cue_dims >= 1, "cue_dims", f"must be >= 1, got {self.cue_dims}")
         for k in ("n_train", "n_val", "n_test_id", "n_test_ood"):
             c.require(getattr(self, k) >= 8, k, f"must be >= 8, got {getattr(self, k)}")
 
 
+NOISE_SCALINGS = ("none", "per_dim")
 SPLIT_SIZES = (
     ("train", "n_train"),
     ("val", "n_val"),
@@ -71,8 +84,33 @@ class GroupParams(NamedTuple):
 
 
 def dim(cfg: GaussianShortcutConfig) -> int:
-    """Length of x: core + spurious + noise dimensions."""
-    return 2 + cfg.d_noise
+    """Length of x: core + cue + noise dimensions."""
+    return 1 + cfg.cue_dims + cfg.d_noise
+
+
+def cue_slice(cfg: GaussianShortcutConfig) -> slice:
+    """Where the spurious cue sits in x: right after the core feature."""
+    return slice(1, 1 + cfg.cue_dims)
+
+
+def noise_std(cfg: GaussianShortcutConfig) -> float:
+    """Std of each pure-noise dimension."""
+    if cfg.noise_scaling == "per_dim" and cfg.d_noise > 0:
+        return cfg.noise_std / float(np.sqrt(cfg.d_noise))
+    return cfg.noise_std
+
+
+def separation(cfg: GaussianShortcutConfig) -> dict[str, float]:
+    """The regime in closed form (stages/regime.py): Mahalanobis distance between the means of
+    groups differing only in a (cue) or only in y (core), under the shared diagonal covariance.
+
+    The cue's means differ by 2·spurious_scale in each of cue_dims independent dimensions of std
+    spurious_noise; the core's by 2 in one dimension of std sigma; noise dimensions have equal
+    means and add nothing. spurious_noise 0 makes an exact cue: inf (0 when spurious_scale is 0).
+    """
+    gap = 2.0 * cfg.spurious_scale * float(np.sqrt(cfg.cue_dims))
+    exact = float("inf") if gap > 0 else 0.0
+    return closed_form(gap / cfg.spurious_noise if cfg.spurious_noise > 0 else exact, 2.0 / cfg.sigma)
 
 
 def split_rho(cfg: GaussianShortcutConfig, split: str) -> float:
@@ -84,15 +122,15 @@ def group_mean(cfg: GaussianShortcutConfig, y: int, a: int) -> np.ndarray:
     """Mean of x in group (y, a)."""
     mean = np.zeros(dim(cfg))
     mean[0] = 2 * y - 1
-    mean[1] = (2 * a - 1) * cfg.spurious_scale
+    mean[cue_slice(cfg)] = (2 * a - 1) * cfg.spurious_scale
     return mean
 
 
 def group_std(cfg: GaussianShortcutConfig) -> np.ndarray:
     """Per-dimension std of x within any group (the same diagonal covariance for all groups)."""
-    std = np.ones(dim(cfg))
+    std = np.full(dim(cfg), noise_std(cfg))
     std[0] = cfg.sigma
-    std[1] = cfg.spurious_noise
+    std[cue_slice(cfg)] = cfg.spurious_noise
     return std
 
 
@@ -116,17 +154,20 @@ def population_lda(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Population LDA fit at agreement rate `rho` (default rho_train): (means (2, d), shared cov (d, d), priors (2,)).
 
-    Each class is a two-component mixture over a; its mean on x[1] is (2rho−1)·B·y± and the
-    spurious variance grows by 4rho(1−rho)·B². Both classes have the same covariance, so the
-    shared within-class covariance is exactly this one.
+    Each class is a two-component mixture over a; its mean on every cue dimension is
+    (2rho−1)·B·y± and the mixture adds 4rho(1−rho)·B² to every entry of the cue block of the
+    covariance (the cue dimensions move together with a, so with cue_dims > 1 they are
+    correlated within a class). Both classes have the same covariance, so the shared
+    within-class covariance is exactly this one.
     """
     rho = cfg.rho_train if rho is None else rho
-    means = np.stack(
-        [group_mean(cfg, y, y) * np.r_[1.0, 2 * rho - 1, np.zeros(cfg.d_noise)] for y in (0, 1)]
-    )
-    var = group_std(cfg) ** 2
-    var[1] += 4 * rho * (1 - rho) * cfg.spurious_scale**2
-    return means, np.diag(var), np.array([0.5, 0.5])
+    scale = np.zeros(dim(cfg))
+    scale[0] = 1.0
+    scale[cue_slice(cfg)] = 2 * rho - 1
+    means = np.stack([group_mean(cfg, y, y) * scale for y in (0, 1)])
+    cov = np.diag(group_std(cfg) ** 2)
+    cov[cue_slice(cfg), cue_slice(cfg)] += 4 * rho * (1 - rho) * cfg.spurious_scale**2
+    return means, cov, np.array([0.5, 0.5])
 
 
 def sample_split(
@@ -145,10 +186,12 @@ def sample_split(
     order = rng.permutation(n)
     y = np.concatenate(ys)[order]
     a = attribute_from_agreement(y, np.concatenate(agrees)[order])
-    mean = np.zeros((n, dim(cfg)))
-    mean[:, 0] = 2 * y - 1
-    mean[:, 1] = (2 * a - 1) * cfg.spurious_scale
-    x = mean + rng.standard_normal((n, dim(cfg))) * group_std(cfg)
+    # In place, one n×dim float64 array at a time (d_noise may be thousands); the sums are the
+    # same as mean + noise·std, so the defaults' bytes are unchanged.
+    x = rng.standard_normal((n, dim(cfg)))
+    x *= group_std(cfg)
+    x[:, 0] += 2 * y - 1
+    x[:, cue_slice(cfg)] += ((2 * a - 1) * cfg.spurious_scale)[:, None]
     return y, a, x.astype(np.float32)
 
 
@@ -185,6 +228,8 @@ def generate(cfg: GaussianShortcutConfig) -> Generated:
         "rho_ood": cfg.rho_ood,
         "params": dataclasses.asdict(cfg),
         "split_sizes": {split: getattr(cfg, key) for split, key in SPLIT_SIZES},
+        "separation": separation(cfg),
+        "separation_source": "closed_form",
     }
     return columns, meta
 

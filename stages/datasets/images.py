@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stages import artifacts
+from stages import artifacts, regime
 from stages.datasets.raw import CHUNK_ROWS, DOCS, Plan, base_table, observed_stats, summary
 from stages.io import ArtifactError, write_parquet_stream
 from stages.schema import Checks
@@ -129,7 +129,9 @@ def write_images(
     An undecodable or missing image is an ArtifactError naming the file, its CSV row and the
     fix (on_bad_image=error), or is left out and counted in the metadata (`n_skipped`,
     `skipped_files`; on_bad_image=skip). The metadata gets `raw_checksums.images`: the sha256
-    of the lines "<file>\\t<sha256 of its bytes>\\n" over every image read, in row order.
+    of the lines "<file>\\t<sha256 of its bytes>\\n" over every image read, in row order, and
+    `separation`, estimated as the blocks pass on a bounded sample of the train rows
+    (`regime.train_sample`), each image area-averaged to 3×8×8 (`regime.pool_pixels`).
     """
     import pyarrow as pa
 
@@ -144,6 +146,10 @@ def write_images(
     combined = hashlib.sha256()
     kept = np.ones(len(plan), dtype=bool)
     skipped: list[str] = []
+    n_attrs = int(plan.meta["n_attrs"])
+    sample, weights = regime.train_sample(plan.split, plan.y, plan.a, n_attrs, int(plan.meta["params"].get("seed", 0)))
+    pooled_dim = 3 * min(regime.POOL_SIDE, resolution) ** 2
+    separation = regime.SeparationAccumulator(pooled_dim, int(plan.meta["n_classes"]), n_attrs, weights)
     with write_parquet_stream(out, schema, column_encoding=PIXEL_ENCODING) as (stream, meta):
         results = ordered_map(decode_chunk, jobs, n_workers(workers))
         for start, (pixels, digests, errors) in progress(
@@ -164,6 +170,9 @@ def write_images(
                 skipped.append(str(name))
             ok = kept[index]
             rows = index[ok]
+            pick = ok & sample[index]
+            if pick.any():
+                separation.add(regime.pool_pixels(pixels[pick], resolution), plan.y[index[pick]], plan.a[index[pick]])
             table = pa.table(
                 {
                     **base_table(plan, rows),
@@ -180,6 +189,8 @@ def write_images(
         meta["skipped_files"] = skipped[:MAX_ERRORS_LISTED]
         meta.update(observed_stats(plan, kept))
         meta.setdefault("raw_checksums", {})["images"] = {"sha256": combined.hexdigest(), "n_files": len(plan)}
+        meta["separation"] = separation.result()
+        meta["separation_source"] = "train_sample_pooled"
         n_rows = stream.num_rows
     return summary(out, meta, n_rows)
 

@@ -4,7 +4,8 @@ The `mnist1d` package generates the 40-sample signals offline from its ten digit
 (`mnist1d.data.make_dataset`, no download). y = int(digit < 5); the binary attribute a agrees
 with y with probability rho_train in train/val/test_id and rho_ood in test_ood, and is written
 into the signal as a marker: the first `marker_width` samples get (2a − 1)·spurious_scale
-plus N(0, spurious_noise²) noise per sample. Splits and attribute counts are drawn by the
+plus N(0, spurious_noise²) noise per sample; `pixel_noise` adds independent N(0, pixel_noise²)
+to every sample of the signal (0 = none). Splits and attribute counts are drawn by the
 shared `assign_splits` / `assign_attributes` (stratified by y, exact agreement counts per
 split and class).
 """
@@ -35,6 +36,7 @@ class Mnist1DShortcutConfig:
     spurious_scale: float = option("marker height: ±scale added to the first marker_width samples")
     spurious_noise: float = option("std of the noise on the marker")
     marker_width: int = option("how many leading samples of the 40 carry the marker")
+    pixel_noise: float = option("std of independent N(0, ·) noise added to every sample of every signal (0 = none)")
     val_frac: float = option("fraction of examples in val")
     test_id_frac: float = option("fraction of examples in test_id")
     test_ood_frac: float = option("fraction of examples in test_ood")
@@ -45,6 +47,7 @@ class Mnist1DShortcutConfig:
         c.prob(self.rho_ood, "rho_ood")
         c.non_negative(self.spurious_scale, "spurious_scale")
         c.non_negative(self.spurious_noise, "spurious_noise")
+        c.non_negative(self.pixel_noise, "pixel_noise")
         c.require(1 <= self.marker_width <= 40, "marker_width", f"must be in 1..40, got {self.marker_width}")
         c.fracs(self.val_frac, self.test_id_frac, self.test_ood_frac)
 
@@ -72,10 +75,13 @@ def load_signals(num_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def inject_marker(x: np.ndarray, a: np.ndarray, cfg: Mnist1DShortcutConfig, rng: np.random.Generator) -> np.ndarray:
-    """A copy of `x` whose first marker_width samples carry ±spurious_scale (+ noise) for a = 1 / 0."""
+    """A copy of `x` whose first marker_width samples carry ±spurious_scale (+ noise) for a = 1 / 0,
+    then (pixel_noise > 0 only) independent noise on every sample, drawn after the marker's."""
     out = x.copy()
     w = cfg.marker_width
     out[:, :w] += (2 * a[:, None] - 1) * cfg.spurious_scale + cfg.spurious_noise * rng.standard_normal((len(x), w))
+    if cfg.pixel_noise > 0:
+        out += cfg.pixel_noise * rng.standard_normal(out.shape)
     return out
 
 
@@ -83,7 +89,8 @@ def generate(cfg: Mnist1DShortcutConfig) -> Generated:
     """All four splits, rows ordered by split (train, val, test_id, test_ood) then id.
 
     An example's id is its index in mnist1d's output; one stream `default_rng(seed)` draws,
-    in order, the split permutation, the attribute permutation and the marker noise.
+    in order, the split permutation, the attribute permutation, the marker noise and the
+    per-sample noise (pixel_noise > 0 only).
     """
     signals, digits = load_signals(cfg.num_samples, cfg.seed)
     y = (digits < 5).astype(np.int64)

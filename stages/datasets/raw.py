@@ -297,4 +297,9 @@ def summary(path: Path, meta: Mapping[str, Any], n_rows: int) -> str:
     sizes = ", ".join(f"{s} {meta['split_sizes'][s]}" for s in SPLITS)
     skipped = f", {meta['n_skipped']} unreadable image(s) skipped" if meta.get("n_skipped") else ""
     n_groups = int(meta["n_classes"]) * int(meta["n_attrs"])
-    return f"wrote {path}: {n_rows} rows ({sizes}), {n_groups} groups, x dim {int(np.prod(meta['shape']))}{skipped}"
+    from stages.regime import describe
+
+    return (
+        f"wrote {path}: {n_rows} rows ({sizes}), {n_groups} groups, x dim {int(np.prod(meta['shape']))}{skipped}; "
+        f"{describe(meta.get('separation'))}"
+    )

@@ -6,7 +6,8 @@ A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
                        arguments to rebuild the network (standardisation is in the tensors)
     config.json        resolved method config, dataset, seed, selection criterion,
                        selected epoch and its metrics (and `teacher` for a student)
-    history.parquet    artifacts.HISTORY_SCHEMA, one row per epoch and split
+    history.parquet    artifacts.HISTORY_SCHEMA, one row per epoch and split (scored metrics,
+                       and the training objective on train and val every epoch)
 
 Kinds (`Classifier.kind`, the architecture, not the training method) are registered by
 their classes (`registry.register_model`; `registry.model_kinds()` lists them): an MLP

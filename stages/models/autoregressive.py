@@ -264,6 +264,18 @@ class AutoregressiveClassifier(nn.Module):
         tokens, mask = self.tokenizer.encode(batch["x"])
         return -self.sequence_log_prob(tokens, mask, batch["y"]).sum() / mask.sum()
 
+    @torch.no_grad()
+    def token_nll(self, x: Any, y: torch.Tensor, chunk: int = 1024) -> float:
+        """The training loss (`loss`) over a whole split given its labels: negative log-likelihood per
+        real token, Σ over the split / its tokens (the val objective in history; one sequence per
+        example, no per-class scoring)."""
+        total, count = 0.0, 0.0
+        for i in range(0, len(y), chunk):
+            tokens, mask = self.tokenizer.encode(x[i : i + chunk])
+            total -= float(self.sequence_log_prob(tokens, mask, y[i : i + chunk]).double().sum())
+            count += float(mask.sum())
+        return total / max(count, 1.0)
+
     def class_log_probs(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log p(x̃ | y) for every class (float64, (n, K)): all n·K sequences in one forward."""
         n, k = len(tokens), self.n_classes
@@ -358,7 +370,8 @@ def train_autoregressive(
         return torch.from_numpy(model.joint(x))
 
     opts = GenerativeFitOptions.from_config(cfg)
-    result = fit_generative(model, splits, model.loss, scorer, opts, generator, desc, checkpoint=checkpoint)
+    result = fit_generative(model, splits, model.loss, scorer, opts, generator, desc, checkpoint=checkpoint,
+                            val_objective=lambda s: model.token_nll(s.x, s.y))
     model.load_state_dict(result.state_dict)
     return model.eval(), result
 

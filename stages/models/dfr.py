@@ -1,15 +1,46 @@
-"""`dfr`: Deep Feature Reweighting (Kirichenko et al. 2023) — logistic regression on frozen
-embeddings, fitted on a group-balanced half of the validation split, its inverse
-regularisation strength C chosen on the other half (`fit_dfr`, `dfr_classifier`).
+"""`dfr`: Deep Feature Reweighting — DFR(Val) of Kirichenko, Izmailov & Wilson, "Last Layer
+Re-Training is Sufficient for Robustness to Spurious Correlations" (ICLR 2023): the last layer
+of a trained network is re-fitted as an L1 logistic regression on group-balanced validation
+embeddings (`fit_dfr`), on top of that network's frozen feature extractor (`dfr_classifier`).
 
-Reads the pretrain stage's encoder and embeddings, and val rows only (test_ood too under
-the oracle criterion).
+What the authors' code does — github.com/PolinaKirichenko/deep_feature_reweighting,
+`dfr_evaluate_spurious.py` (commit 9d8d5de), `dfr_on_validation_tune` and
+`dfr_on_validation_eval` as its README runs them (`balance_dfr_val` and `notrain_dfr_val` left
+at their default True: no train rows in the fit, no class weights) — and is the default here
+(conf/method/dfr.yaml):
+
+- embeddings: the base model's last hidden layer (`get_embed`: the ResNet's pooled features,
+  i.e. everything but `fc`). Here `features` names a method of `run.methods` whose trained MLP
+  classifier gives them (its encoder output, the input of its head; default the plain
+  cross-entropy baseline), read from data/models/<dataset>/<features>/seed=<seed>/.
+- tune (`dfr_on_validation_tune`, `num_retrains=1`): val is shuffled and cut in two, the first
+  n//2 rows scored, the other half fitted; the fit half is cut to group balance (each group
+  shuffled, the first min-group-size rows kept); a `StandardScaler` is fitted on that subsample;
+  for each C of `C_OPTIONS = [1., 0.7, 0.3, 0.1, 0.07, 0.03, 0.01]` a
+  `LogisticRegression(penalty="l1", C=c, solver="liblinear", class_weight={0: 1., 1: 1.})` is
+  fitted and scored by worst-group accuracy on the scored half; `np.argmax` over the grid, so
+  ties go to the first C in grid order.
+- refit (`dfr_on_validation_eval`, `num_retrains=20`): a `StandardScaler` fitted on the
+  *train* split's embeddings (inputs only, no labels); 20 group-balanced subsamples of the
+  *whole* val, one L1 liblinear fit each with the chosen C; `coef_` and `intercept_` averaged.
+
+Deviations are options, never defaults: `features: pretrained` (the pretrain stage's DAE
+encoder and data/pretrained/<dataset>/embeddings.parquet), `penalty: l2`,
+`halving: stratified` (per-group halves, so a small group cannot fall out of one half),
+`balance: weight` (all rows, 1/group-count sample weights, one fit), `scaler: val` (reads no
+train row), `n_fits > 1` (tune scores averaged over fresh halvings, as the code's
+`num_retrains` argument does), `selection: val_avg | oracle`. Random draws come from one
+`numpy` generator seeded by the run's seed (the paper's code uses the global `np.random`), and
+liblinear gets `random_state=seed`: the fit is deterministic.
+
+scikit-learn >= 1.8 deprecates `penalty=`: the penalty is `l1_ratio` (1 = L1, 0 = L2) with
+`solver="liblinear"`, which fits binary problems only; with more classes each class is fitted
+one-vs-rest (what liblinear did in the scikit-learn of the paper's code).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,43 +48,77 @@ import pyarrow as pa
 import torch
 
 from stages.models.discriminative import pretrained_encoder
-from stages.models.robust import group_scores, logistic_regression
+from stages.models.robust import group_scores
 from stages.registry import register_method
 from stages.schema import SELECTIONS, Checks, ConfigError, option
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from stages.artifacts import Prepared
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import Trained, TrainJob
 
+PRETRAINED = "pretrained"  # `features` value: the pretrain stage's encoder, not a trained method
+L1_RATIO = {"l1": 1.0, "l2": 0.0}  # scikit-learn's l1_ratio for each penalty (penalty= is deprecated)
+
 
 @dataclass
 class DFRConfig:
-    """Deep feature reweighting: logistic regression on the pretrained embeddings of a
-    group-balanced half of val; C tuned on the other half. Reads val rows only (plus test_ood
-    under the oracle selection)."""
+    """Deep feature reweighting, DFR(Val): L1 logistic regression on a trained model's last
+    hidden layer, C tuned on half of val, then refitted on the whole val (the average of
+    group-balanced subsamples). Reads val rows (and train inputs for the scaler)."""
 
     kind: str = option("method family")
-    c_grid: list[float] = option("inverse L2 regularisation strengths C to try")
-    balance: str = option("group balance of the fit half: subsample (DFR paper) | weight (all rows, 1/group-count weights)")
-    n_fits: int = option("with balance=subsample: balanced subsamples whose heads are averaged")
-    selection: str = option("C chosen by: val_worst_group | val_avg (tune half) | oracle (test_ood)")
+    features: str = option(
+        "embeddings: a method in run.methods whose trained MLP model's last hidden layer gives them "
+        "(DFR paper: the base model) | pretrained (the pretrain stage's DAE encoder)"
+    )
+    penalty: str = option("l1 (DFR paper) | l2")
+    c_grid: list[float] = option("inverse regularisation strengths C to try, in order; ties go to the first (the paper's np.argmax)")
+    halving: str = option("val cut into fit/tune halves: random (DFR paper: shuffled, n//2 rows scored) | stratified (per group)")
+    balance: str = option(
+        "group balance of every fit: subsample (DFR paper: each group cut to the smallest) | weight (all rows, 1/group-count weights)"
+    )
+    n_fits: int = option("tune: random halvings whose tune-half scores are averaged per C (DFR paper: 1)")
+    n_refits: int = option("refit on the whole val: group-balanced subsamples whose heads are averaged (DFR paper: 20)")
+    scaler: str = option("StandardScaler of the refit fitted on: train (DFR paper: the train split's embeddings) | val (whole val)")
+    selection: str = option("C chosen by: val_worst_group (DFR paper) | val_avg (tune half) | oracle (test_ood)")
 
     def reads_splits(self) -> tuple[str, ...]:
-        """val only (test_ood too under the oracle criterion)."""
-        return ("val", "test_ood") if self.selection == "oracle" else ("val",)
+        """val; train too with scaler=train (its inputs set the standardisation); test_ood too
+        under the oracle criterion."""
+        return (*(("train",) if self.scaler == "train" else ()), "val", *(("test_ood",) if self.selection == "oracle" else ()))
 
     def check(self, c: Checks) -> None:
+        c.require(bool(self.features), "features", "must name a method in run.methods, or be 'pretrained'")
+        c.choice(self.penalty, "penalty", list(L1_RATIO))
         c.require(len(self.c_grid) > 0 and all(v > 0 for v in self.c_grid), "c_grid", f"needs values > 0, got {self.c_grid}")
+        c.choice(self.halving, "halving", ["random", "stratified"])
         c.choice(self.balance, "balance", ["subsample", "weight"])
         c.require(self.n_fits >= 1, "n_fits", f"must be >= 1, got {self.n_fits}")
+        c.require(self.n_refits >= 1, "n_refits", f"must be >= 1, got {self.n_refits}")
+        c.choice(self.scaler, "scaler", ["train", "val"])
         c.choice(self.selection, "selection", SELECTIONS)
 
 
-def halves(g: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Split row indices into (fit, tune) halves stratified by group: per group, a seeded
-    permutation gives the first ceil(n/2) rows to fit and the rest to tune. Sorted indices."""
+# ---- the fit, on embeddings ------------------------------------------------------------------
+
+
+def halves(g: np.ndarray, rng: np.random.Generator, how: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices cut into (fit, tune) halves, each sorted.
+
+    random (the paper's code): a seeded permutation, its first n//2 rows to tune and the rest
+    to fit. stratified: per group, a seeded permutation gives the first ceil(n/2) rows to fit
+    and the rest to tune.
+    """
+    if how == "random":
+        perm = rng.permutation(len(g))
+        cut = len(g) // 2
+        return np.sort(perm[cut:]), np.sort(perm[:cut])
+    if how != "stratified":
+        raise ValueError(f"unknown halving '{how}'")
     fit, tune = [], []
     for value in np.unique(g):
         idx = rng.permutation(np.flatnonzero(g == value))
@@ -70,6 +135,37 @@ def balanced_subsample(g: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.sort(np.concatenate([rng.choice(np.flatnonzero(g == v), m, replace=False) for v in values]))
 
 
+def group_weights(g: np.ndarray) -> np.ndarray:
+    """Per-row weights ∝ 1 / group count, mean 1: every group weighs the same in total."""
+    values, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
+    return len(g) / (len(values) * counts[inverse])
+
+
+def liblinear(
+    z: np.ndarray, y: np.ndarray, n_classes: int, c: float, penalty: str, seed: int, sample_weight: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's `LogisticRegression(C=c, l1_ratio=…, solver="liblinear")` on `z`:
+    (weight (K, d), bias (K,)) whose logits reproduce its decision function — a binary score s
+    becomes the rows (−s/2, +s/2), more classes are fitted one-vs-rest (row k: class k against
+    the rest). Every class must occur in `y`."""
+    from sklearn.linear_model import LogisticRegression
+
+    present = np.unique(y)
+    if list(present) != list(range(n_classes)):
+        raise ValueError(f"fit set has classes {present.tolist()}, needs all of 0..{n_classes - 1}")
+
+    def one(target: np.ndarray) -> tuple[np.ndarray, float]:
+        model = LogisticRegression(C=float(c), l1_ratio=L1_RATIO[penalty], solver="liblinear", random_state=int(seed))
+        model.fit(z, target, sample_weight=sample_weight)
+        return model.coef_[0].astype(np.float64), float(model.intercept_[0])
+
+    if n_classes == 2:
+        w, b = one(y)
+        return np.stack([-w / 2, w / 2]), np.array([-b / 2, b / 2])
+    rows = [one((y == k).astype(np.int64)) for k in range(n_classes)]
+    return np.stack([w for w, _ in rows]), np.array([b for _, b in rows])
+
+
 @dataclass
 class Embedded:
     """A split's embeddings with labels and groups (numpy)."""
@@ -80,93 +176,153 @@ class Embedded:
 
 
 @dataclass
+class Scaler:
+    """A fitted `sklearn.preprocessing.StandardScaler`'s mean and scale (scale 1 where the
+    variance is 0): z_std = (z − mean) / scale."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def fit(cls, z: np.ndarray) -> Scaler:
+        from sklearn.preprocessing import StandardScaler
+
+        s = StandardScaler().fit(np.asarray(z, dtype=np.float64))
+        return cls(s.mean_.copy(), s.scale_.copy())
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        return (np.asarray(z, dtype=np.float64) - self.mean) / self.scale
+
+    def fold(self, weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The head (weight, bias) on standardised embeddings as a head on raw ones."""
+        w = weight / self.scale
+        return w, bias - w @ self.mean
+
+
+@dataclass
 class DFRCandidate:
-    """One value of C: its head (on raw embeddings) and its scores on the tune half."""
+    """One value of C: its tune-phase heads (on raw embeddings, one per halving) and their
+    scores on the tune halves, averaged over the halvings."""
 
     c: float
-    weight: np.ndarray
-    bias: np.ndarray
+    heads: list[tuple[np.ndarray, np.ndarray]]
     tune: dict[str, float]
+
+    def scores(self, data: Embedded) -> dict[str, float]:
+        """acc and worst-group accuracy of the heads on `data`, averaged over the halvings."""
+        runs = [group_scores(data.z @ w.T + b, data.y, data.g) for w, b in self.heads]
+        return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
 
 @dataclass
 class DFRResult:
-    """The chosen head and everything config.json records about the fit."""
+    """The refitted head (on raw embeddings) and everything config.json records about the fit."""
 
     weight: np.ndarray
     bias: np.ndarray
     c: float
     candidates: list[DFRCandidate]
     summary: dict[str, Any]
+    scaler: Scaler  # the refit's standardisation
+    refits: list[np.ndarray] = field(default_factory=list)  # val rows of each refit
+    halvings: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (fit, tune) val rows
 
 
 # The tune-half score each criterion maximises over C (oracle: test_ood worst-group).
-DFR_CRITERIA = {"val_avg": "acc", "val_worst_group": "worst_group_acc", "oracle": "worst_group_acc"}
+DFR_CRITERIA = {"val_avg": "acc", "val_worst_group": "worst_group_acc", "oracle": "oracle"}
+
+
+def _fit_rows(g: np.ndarray, balance: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
+    """(rows, sample weights) of one fit on rows with groups `g`: a balanced subsample, or all
+    rows with 1/group-count weights."""
+    if balance == "subsample":
+        return balanced_subsample(g, rng), None
+    if balance == "weight":
+        return np.arange(len(g)), group_weights(g)
+    raise ValueError(f"unknown balance '{balance}'")
 
 
 def fit_dfr(
-    val: Embedded,
-    n_classes: int,
-    c_grid: Sequence[float],
-    n_fits: int,
-    selection: str,
-    seed: int,
-    oracle: Embedded | None = None,
-    balance: str = "subsample",
+    val: Embedded, n_classes: int, cfg: DFRConfig, seed: int, train_z: np.ndarray | None = None, oracle: Embedded | None = None
 ) -> DFRResult:
-    """DFR on validation embeddings only (plus test_ood embeddings when `selection` is oracle).
+    """DFR(Val) on validation embeddings (see the module docstring for the paper's code).
 
-    val is split into halves stratified by group (`halves`). For each C in `c_grid`
-    (ascending), logistic regressions are fitted on the fit half's embeddings, standardised
-    with the fit half's mean and std, balanced over groups either by `balance="subsample"`
-    (as in the DFR paper: `n_fits` independent group-balanced subsamples, `balanced_subsample`,
-    whose heads are averaged) or by `balance="weight"` (one fit on the whole fit half with
-    sample weights ∝ 1 / group count, so each group weighs the same). The C whose head scores best on the
-    tune half (selection val_worst_group: worst-group accuracy; val_avg: accuracy; oracle:
-    test_ood worst-group accuracy) wins; ties go to the smaller C (stronger regularisation).
-    The returned head acts on raw embeddings (the standardisation is folded in).
+    Tune: `cfg.n_fits` times, val is cut into a fit and a tune half (`halves`, `cfg.halving`);
+    the fit half is balanced over groups (`cfg.balance`) and standardised with its own
+    statistics; for each C of `cfg.c_grid` a `liblinear` fit (`cfg.penalty`) is scored on the
+    tune half. The C with the best mean score wins (selection val_worst_group: worst-group
+    accuracy; val_avg: accuracy; oracle: worst-group accuracy on `oracle`, the test_ood
+    embeddings); ties go to the first C in grid order.
+
+    Refit: standardised with a scaler fitted on `train_z` (cfg.scaler=train) or on the whole
+    val, `cfg.n_refits` group-balanced subsamples of the *whole* val (one weighted fit of all
+    of it with balance=weight) are fitted with the chosen C and their heads averaged. The
+    returned head acts on raw embeddings (the standardisation is folded in).
     """
-    if selection not in DFR_CRITERIA:
-        raise ValueError(f"unknown selection '{selection}'")
-    if selection == "oracle" and oracle is None:
+    if cfg.selection not in DFR_CRITERIA:
+        raise ValueError(f"unknown selection '{cfg.selection}'")
+    if cfg.selection == "oracle" and oracle is None:
         raise ValueError("selection 'oracle' needs the test_ood embeddings")
-    if balance not in ("subsample", "weight"):
-        raise ValueError(f"unknown balance '{balance}'")
+    if cfg.scaler == "train" and train_z is None:
+        raise ValueError("scaler 'train' needs the train split's embeddings")
     rng = np.random.default_rng(seed)
-    fit_idx, tune_idx = halves(val.g, rng)
-    g_fit, y_fit = val.g[fit_idx], val.y[fit_idx]
-    if balance == "subsample":
-        subsets = [(balanced_subsample(g_fit, rng), None) for _ in range(n_fits)]
-    else:
-        values, inverse, counts = np.unique(g_fit, return_inverse=True, return_counts=True)
-        weight = len(g_fit) / (len(values) * counts[inverse])  # mean 1, equal total per group
-        subsets = [(np.arange(len(fit_idx)), weight)]
-    z_fit = val.z[fit_idx].astype(np.float64)
-    mean = z_fit.mean(0)
-    std = z_fit.std(0)
-    std = np.where(std < 1e-6, 1.0, std)
+    groups = np.unique(val.g)
+    grid = [float(c) for c in cfg.c_grid]
+    heads: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in grid]
+    halvings = []
+    for _ in range(cfg.n_fits):
+        fit_idx, tune_idx = halves(val.g, rng, cfg.halving)
+        lost = sorted(set(groups.tolist()) - set(val.g[fit_idx].tolist()))
+        if lost:
+            raise ValueError(
+                f"group {lost[0]} has no row in the fit half of val ({len(val.g)} rows); "
+                "use halving=stratified or a larger val split"
+            )
+        halvings.append((fit_idx, tune_idx))
+        rows, weight = _fit_rows(val.g[fit_idx], cfg.balance, rng)
+        rows = fit_idx[rows]
+        scaler = Scaler.fit(val.z[rows])  # the paper's code: fit_transform on the fit subsample
+        z_fit = scaler(val.z[rows])
+        for i, c in enumerate(grid):
+            heads[i].append(scaler.fold(*liblinear(z_fit, val.y[rows], n_classes, c, cfg.penalty, seed, weight)))
     candidates = []
-    for c in sorted(float(c) for c in c_grid):
-        heads = [logistic_regression((z_fit[s] - mean) / std, y_fit[s], n_classes, c, w) for s, w in subsets]
-        w = np.mean([h[0] for h in heads], axis=0) / std  # fold the standardisation in
-        b = np.mean([h[1] for h in heads], axis=0) - w @ mean
-        tune = group_scores(val.z[tune_idx] @ w.T + b, val.y[tune_idx], val.g[tune_idx])
-        if oracle is not None and selection == "oracle":
-            tune["oracle"] = group_scores(oracle.z @ w.T + b, oracle.y, oracle.g)["worst_group_acc"]
-        candidates.append(DFRCandidate(c, w, b, tune))
-    key = "oracle" if selection == "oracle" else DFR_CRITERIA[selection]
-    best = max(candidates, key=lambda cand: cand.tune[key])  # max keeps the first (smallest C) of ties
+    for c, hs in zip(grid, heads, strict=True):
+        cand = DFRCandidate(c, hs, {})
+        runs = [group_scores(val.z[t] @ w.T + b, val.y[t], val.g[t]) for (w, b), (_, t) in zip(hs, halvings, strict=True)]
+        cand.tune = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+        if oracle is not None and cfg.selection == "oracle":
+            cand.tune["oracle"] = cand.scores(oracle)["worst_group_acc"]
+        candidates.append(cand)
+    key = DFR_CRITERIA[cfg.selection]
+    best = max(candidates, key=lambda cand: cand.tune[key])  # max keeps the first of ties, as np.argmax
+    # Refit on the whole val with the chosen C.
+    scaler = Scaler.fit(train_z if cfg.scaler == "train" else val.z)
+    z_all = scaler(val.z)
+    fits = [_fit_rows(val.g, cfg.balance, rng) for _ in range(cfg.n_refits if cfg.balance == "subsample" else 1)]
+    refits = [liblinear(z_all[rows], val.y[rows], n_classes, best.c, cfg.penalty, seed, w) for rows, w in fits]
+    weight, bias = scaler.fold(np.mean([h[0] for h in refits], axis=0), np.mean([h[1] for h in refits], axis=0))
+    per_group = np.unique(val.g[fits[0][0]], return_counts=True)
     summary = {
+        "features": cfg.features,
+        "penalty": cfg.penalty,
         "c": best.c,
-        "n_val_fit": int(len(fit_idx)),
-        "n_val_tune": int(len(tune_idx)),
-        "balance": balance,
-        "n_fit_rows": int(len(subsets[0][0])),
-        "n_fits": len(subsets),
-        "tuned_on": "test_ood" if selection == "oracle" else "val (tune half)",
+        "tuned_on": "test_ood" if cfg.selection == "oracle" else "val (tune half)",
+        "halving": cfg.halving,
+        "balance": cfg.balance,
+        "n_fits": cfg.n_fits,
+        "n_val": int(len(val.g)),
+        "n_val_fit": int(len(halvings[0][0])),
+        "n_val_tune": int(len(halvings[0][1])),
+        "scaler": cfg.scaler,
+        "n_refits": len(fits),
+        "refit_rows_per_group": {str(int(v)): int(n) for v, n in zip(*per_group, strict=True)},
+        "nonzero_weights": int(np.count_nonzero(np.abs(weight).sum(0))),
         "grid": [{"c": cand.c, **{f"tune_{k}": v for k, v in cand.tune.items()}} for cand in candidates],
     }
-    return DFRResult(best.weight, best.bias, best.c, candidates, summary)
+    return DFRResult(weight, bias, best.c, candidates, summary, scaler, [rows for rows, _ in fits], halvings)
+
+
+# ---- the model, the embeddings and the train stage -------------------------------------------
 
 
 def dfr_classifier(standardize: Standardize, encoder: MLPEncoder, weight: np.ndarray, bias: np.ndarray) -> MLPClassifier:
@@ -181,13 +337,11 @@ def dfr_classifier(standardize: Standardize, encoder: MLPEncoder, weight: np.nda
 
 
 def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -> dict[str, Any]:
-    """`robust.Embedded` for each split in `splits`, from data/pretrained/<dataset>/embeddings.parquet.
+    """`Embedded` for each split in `splits`, from data/pretrained/<dataset>/embeddings.parquet.
 
     Only the rows of `splits` are kept (matched to the prepared rows by id, in prepared
     order); a missing file, or ids that do not match the prepared data, name the file.
     """
-    import numpy as np
-
     from stages.artifacts import embeddings_schema, pretrained_dir
     from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
     from stages.models import EMBEDDINGS
@@ -218,37 +372,84 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
     return out
 
 
+def embed(standardize: Standardize, encoder: MLPEncoder, x: np.ndarray) -> np.ndarray:
+    """The encoder's output (the last hidden layer) for raw inputs, float32."""
+    with torch.no_grad():
+        return encoder(standardize(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))).numpy()
+
+
+def feature_extractor(
+    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str
+) -> tuple[Path, Standardize, MLPEncoder, dict[str, Embedded]]:
+    """(the file the features come from, its standardisation, its encoder, embeddings of the
+    `cfg.reads_splits()` splits).
+
+    features=pretrained: the pretrain stage's encoder and embeddings.parquet, whose stored val
+    embeddings must be what the stored encoder gives (else the folder is stale). Otherwise the
+    trained model of method `cfg.features`, same dataset and seed: its encoder's output, the
+    input of its head, is the last hidden layer.
+    """
+    from stages.artifacts import model_dir
+    from stages.io import ArtifactError
+    from stages.models import WEIGHTS, load_model
+
+    splits = cfg.reads_splits()
+    if cfg.features == PRETRAINED:
+        path, standardize, encoder = pretrained_encoder(dataset)
+        embedded = read_embeddings(dataset, prepared, splits)
+        z_check = embed(standardize, encoder, prepared.subset("val").x)
+        val = embedded["val"]
+        if z_check.shape != val.z.shape or not np.allclose(z_check, val.z, rtol=1e-4, atol=1e-4):
+            raise ArtifactError(f"{path.parent}: embeddings.parquet does not match encoder.safetensors; re-run the pretrain stage")
+        return path, standardize, encoder, embedded
+    if cfg.features == method:
+        raise ConfigError(f"params.yaml: {key}.features: names the method itself; name another method of run.methods, or 'pretrained'")
+    folder = model_dir(dataset, cfg.features, seed)
+    path = folder / WEIGHTS
+    if not path.is_file():
+        raise ArtifactError(
+            f"{path}: the trained model of method '{cfg.features}' ({key}.features) not found; it is made by "
+            f"the train stage (`python -m stages.train {dataset} {cfg.features} {seed}` or "
+            f"`dvc repro train@{dataset}-{cfg.features}-{seed}`)"
+        )
+    model = load_model(folder)
+    standardize, encoder = getattr(model, "standardize", None), getattr(model, "encoder", None)
+    if model.kind != "mlp" or standardize is None or encoder is None:
+        raise ConfigError(
+            f"params.yaml: {key}.features: method '{cfg.features}' saved a '{model.kind}' model, which has no "
+            f"last hidden layer to re-train a head on; name a method that trains an MLP classifier, or 'pretrained'"
+        )
+    if model.in_dim != prepared.x.shape[1] or model.n_classes != prepared.n_classes:
+        raise ArtifactError(
+            f"{path}: a model for {model.in_dim} inputs and {model.n_classes} classes, the prepared data has "
+            f"{prepared.x.shape[1]} and {prepared.n_classes}; re-run train@{dataset}-{cfg.features}-{seed}"
+        )
+    embedded = {}
+    for name in splits:
+        part = prepared.subset(name)
+        embedded[name] = Embedded(embed(standardize, encoder, part.x), part.y.astype(np.int64), part.g.astype(np.int64))
+    return path, standardize, encoder, embedded
+
+
 def fit_head(
-    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str
+    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str = ""
 ) -> tuple[MLPClassifier, dict[str, dict[str, float]], pa.Table, dict[str, Any]]:
-    """DFR: a linear head on the frozen pretrained encoder, fitted on val embeddings only.
+    """DFR: a linear head on a frozen encoder, fitted on val embeddings only.
 
     Returns (model mapping raw x to logits, metrics per split, epoch-0 history, summary for
-    config.json). The fit reads only the `cfg.reads_splits()` rows of the embeddings file,
-    and checks that the stored val embeddings are what the stored encoder gives (else the
-    pretrained folder is stale). After the fit, every C's head is also scored on test_ood
-    for the report (`grid[*].test_ood_worst_group_acc`); that score never chooses C unless
-    `selection` is oracle.
+    config.json). The fit reads only the `cfg.reads_splits()` rows. After the fit, every C's
+    tune-phase heads are also scored on test_ood for the report
+    (`grid[*].test_ood_worst_group_acc`); that score never chooses C unless `selection` is
+    oracle.
     """
-    import numpy as np
-    import torch
-
-    from stages.io import ArtifactError
     from stages.models.training import history_rows, history_table, split_data, split_metrics
     from stages.runtime import setup_torch
 
     setup_torch(seed)
-    path, standardize, encoder = pretrained_encoder(dataset)
-    embedded = read_embeddings(dataset, prepared, cfg.reads_splits())
-    val = embedded["val"]
-    with torch.no_grad():
-        z_check = encoder(standardize(torch.from_numpy(np.ascontiguousarray(prepared.subset("val").x)))).numpy()
-    if z_check.shape != val.z.shape or not np.allclose(z_check, val.z, rtol=1e-4, atol=1e-4):
-        raise ArtifactError(f"{path.parent}: embeddings.parquet does not match encoder.safetensors; re-run the pretrain stage")
+    path, standardize, encoder, embedded = feature_extractor(prepared, cfg, dataset, seed, key, method)
+    train_z = embedded["train"].z if "train" in embedded else None
     try:
-        fit = fit_dfr(
-            val, prepared.n_classes, cfg.c_grid, cfg.n_fits, cfg.selection, seed, embedded.get("test_ood"), cfg.balance
-        )
+        fit = fit_dfr(embedded["val"], prepared.n_classes, cfg, seed, train_z, embedded.get("test_ood"))
     except ValueError as e:
         raise ConfigError(f"{key} on {dataset}: {e}") from None
     model = dfr_classifier(standardize, encoder, fit.weight, fit.bias)
@@ -257,15 +458,13 @@ def fit_head(
     with torch.no_grad():
         for name, s in splits.items():
             metrics[name] = split_metrics(model(s.x), s.y, s.g)
-    summary = dict(fit.summary)
+    summary = {**fit.summary, "features_from": str(path)}
     if "test_ood" in splits:  # what the oracle would have chosen, for the report only
         ood = splits["test_ood"]
-        with torch.no_grad():
-            z_ood = encoder(standardize(ood.x)).double().numpy()
+        z_ood = Embedded(embed(standardize, encoder, ood.x.numpy()).astype(np.float64), ood.y.numpy(), ood.g.numpy())
         for cand, row in zip(fit.candidates, summary["grid"], strict=True):
-            scores = group_scores(z_ood @ cand.weight.T + cand.bias, ood.y.numpy(), ood.g.numpy())
-            row["test_ood_worst_group_acc"] = scores["worst_group_acc"]
-    # The C each criterion picks (ties to the smaller C), in the shape of `selections` elsewhere.
+            row["test_ood_worst_group_acc"] = cand.scores(z_ood)["worst_group_acc"]
+    # The C each criterion picks (ties to the first in grid order), in the shape of `selections` elsewhere.
     keys = {"val_avg": "tune_acc", "val_worst_group": "tune_worst_group_acc", "oracle": "test_ood_worst_group_acc"}
     summary["selections"] = {
         criterion: max(summary["grid"], key=lambda row, k=key: row[k])  # type: ignore[misc]
@@ -277,19 +476,24 @@ def fit_head(
 
 def train(job: TrainJob) -> Trained:
     """The head on val embeddings; C chosen by `selection` (config.json: `dfr`, `selections`)."""
-    from stages.artifacts import pretrained_dir
-    from stages.models import ENCODER
     from stages.models.training import Trained
 
     cfg = job.cfg
-    model, metrics, history, summary = fit_head(job.prepared, cfg, job.dataset, job.seed, job.key)
+    model, metrics, history, summary = fit_head(job.prepared, cfg, job.dataset, job.seed, job.key, job.method)
     selections = summary.pop("selections")
     record = {
         "architecture": model.arch(), "selection": cfg.selection, "selected_epoch": 0, "metrics": metrics,
-        "selections": selections, "dfr": summary, "pretrained_encoder": str(pretrained_dir(job.dataset) / ENCODER),
+        "selections": selections, "dfr": summary,
     }
-    how = f"C={summary['c']:g} selected by {cfg.selection} on {summary['tuned_on']}"
+    if cfg.features == PRETRAINED:  # the key the other methods that read the pretrain stage write
+        record["pretrained_encoder"] = summary["features_from"]
+    how = (
+        f"C={summary['c']:g} selected by {cfg.selection} on {summary['tuned_on']}, "
+        f"head averaged over {summary['n_refits']} refits on val, features of {cfg.features}"
+    )
     return Trained(model, metrics, history, how, record)
 
 
-register_method("dfr", DFRConfig, train, pretrained="always")
+# `features` is both rules' key: "pretrained" reads data/pretrained/<dataset>/, any other value
+# names the method whose trained model (data/models/<dataset>/<method>/seed=<seed>/) it reads.
+register_method("dfr", DFRConfig, train, pretrained="features", upstream="features")

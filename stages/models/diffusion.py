@@ -20,10 +20,22 @@ e_s(y) = ‖ε_θ(z_{t_s}, t_s, y) − ε_s‖²:
 
 `elbo` is a Monte-Carlo estimate of −Σ_t L_{t−1}, the y-dependent part of the negative
 ELBO of log p(x | y) (decoder and reverse variances σ_t² = β_t); `simple` drops the weights
-(Li et al. 2023 find it classifies better). **The logits written to predictions are
-score(y) + log π_y** (π from train label counts): softmax of them is the model's posterior
-with the ELBO standing in for log p(x | y) (`elbo`), or a posterior at an arbitrary
-temperature (`simple`) — ECE/NLL of `simple` measure that temperature as well.
+(Li et al. 2023 find it classifies better). **The logits written to predictions** are
+
+    elbo:    score(y) + log π_y      (π from train label counts)
+    simple:  score(y)                (no prior term)
+
+`elbo` is a log-likelihood bound in nats, so adding log π_y is Bayes' rule and softmax of
+the logits is the model's posterior with the ELBO standing in for log p(x | y). `simple` is
+not on that scale: dropping w(t) rescales each timestep's term by 1/w(t), which varies with t
+(about tenfold for `linear`, over four orders of magnitude for `cosine` at T = 100), so
+−(1/S) Σ e_s(y) is no log-likelihood, and log π_y added to it would shift the argmax by an
+arbitrary amount whenever the classes are imbalanced. `simple` therefore classifies by the error alone — the uniform-prior rule of Li et al. 2023, whose
+code (github.com/diffusion-classifier/diffusion-classifier: `eval_prob_adaptive.py` keeps the
+classes with the lowest mean ε-prediction error over shared (t, ε) draws, and
+`scripts/print_dit_acc.py` takes the argmin of the mean error per class) has no prior term.
+Softmax of `simple` logits is a uniform-prior posterior at an arbitrary temperature; ECE/NLL
+of `simple` measure that temperature as well.
 
 Adaptive pruning (`prune_keep` k > 0): every class is scored with the first `prune_draws`
 draws, the k best are kept and scored with the remaining draws as well. A kept class's score
@@ -60,7 +72,7 @@ from stages.schema import Checks, ConfigError, option
 
 @dataclass
 class DiffusionConfig(GenerativeFitConfig):
-    """Class-conditional DDPM classifier: class score = −mean w(t)·‖ε_θ(x_t, t, y) − ε‖² + log prior."""
+    """Class-conditional DDPM classifier: class score = −mean w(t)·‖ε_θ(x_t, t, y) − ε‖², plus log prior with `elbo`."""
 
     denoiser: str = option("auto (conv for C×H×W data, else mlp) | mlp | conv")
     width: int = option("hidden width of the mlp denoiser")
@@ -69,7 +81,7 @@ class DiffusionConfig(GenerativeFitConfig):
     steps: int = option("T: diffusion timesteps")
     schedule: str = option("noise schedule: cosine | linear")
     class_dropout: float = option("P(label replaced by the null class) in training (classifier-free), in [0, 1)")
-    weighting: str = option("score weighting w(t): simple (1) | elbo")
+    weighting: str = option("score weighting w(t): simple (1; logits = score, no prior) | elbo (logits = ELBO + log prior)")
     draws: int = option("(t, ε) draws per example when scoring, shared by every class")
     select_draws: int = option("draws per example when scoring the splits for checkpoint selection")
     prune_keep: int = option("adaptive pruning: classes kept after the first prune_draws draws (0 = off)")
@@ -360,6 +372,19 @@ class DiffusionClassifier(nn.Module):
         z_t = self.sqrt_ab[t, None] * z + self.sqrt_1m_ab[t, None] * eps
         return F.mse_loss(self.denoiser(z_t, t, y), eps)
 
+    @torch.no_grad()
+    def denoising_loss(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """The training loss (`loss`, no class dropout) over a whole split given its labels, on fixed
+        draws: one (t, ε) per example from a generator seeded with `score_seed`, in chunks of
+        `score_rows` examples — the same draws at every call, so values of successive epochs compare
+        (the val objective in history). One denoiser row per example: no per-class scoring."""
+        generator = torch.Generator().manual_seed(self.score_seed)
+        total = 0.0
+        for i in range(0, len(x), self.score_rows):
+            xb = x[i : i + self.score_rows]
+            total += float(self.loss({"x": xb, "y": y[i : i + self.score_rows]}, generator)) * len(xb)
+        return total / max(len(x), 1)
+
     # -- scoring --
 
     def noisy_inputs(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -386,25 +411,31 @@ class DiffusionClassifier(nn.Module):
             return -self.steps * (err.double() * self.elbo_w[t].unsqueeze(1)).mean(-1)
         return -err.double().mean(-1)
 
+    def score_prior(self) -> torch.Tensor:
+        """What the logits add to score(y): log π_y for `elbo` (a log-likelihood bound), zeros
+        for `simple` (not on the scale of log π_y; see the module docstring). float64 (K,)."""
+        return self.log_priors if self.weighting == "elbo" else torch.zeros_like(self.log_priors)
+
     def score_draws(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(logits float32 (n, K), ELBO score float64 (n, K), network rows) of one chunk of examples.
 
-        logits = score + log π; with `prune_keep`, pruned classes keep their coarse score,
-        capped (in float32, as stored) just below the lowest kept class's.
+        logits = score + `score_prior()`; with `prune_keep`, pruned classes keep their coarse
+        score, capped (in float32, as stored) just below the lowest kept class's.
         """
         n, k, s = len(z), self.n_classes, t.shape[1]
         every = torch.arange(k).expand(n, k)
+        prior = self.score_prior()
         if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
             err = self.errors(z, t, eps, every)
-            joint = self.weighted(err, t, self.weighting) + self.log_priors
+            joint = self.weighted(err, t, self.weighting) + prior
             return joint.float(), self.weighted(err, t, "elbo"), n * k * s
         s1, keep = self.prune_draws, self.prune_keep
         err1 = self.errors(z, t[:, :s1], eps[:, :s1], every)
-        joint = self.weighted(err1, t[:, :s1], self.weighting) + self.log_priors
+        joint = self.weighted(err1, t[:, :s1], self.weighting) + prior
         kept = torch.sort(joint, dim=1, descending=True, stable=True).indices[:, :keep]  # (n, keep)
         err2 = self.errors(z, t[:, s1:], eps[:, s1:], kept)
         err_kept = torch.cat([err1.gather(1, kept.unsqueeze(2).expand(n, keep, s1)), err2], dim=2)
-        fine = (self.weighted(err_kept, t, self.weighting) + self.log_priors[kept]).float()
+        fine = (self.weighted(err_kept, t, self.weighting) + prior[kept]).float()
         cap = torch.nextafter(fine.min(1).values, torch.tensor(-math.inf))
         logits = torch.minimum(joint.float(), cap[:, None]).scatter_(1, kept, fine)
         elbo = self.weighted(err1, t[:, :s1], "elbo").scatter_(1, kept, self.weighted(err_kept, t, "elbo"))
@@ -459,7 +490,7 @@ class DiffusionClassifier(nn.Module):
         return self._cache[1], self._cache[2]
 
     def logits(self, x: np.ndarray, batch_size: int = 2048) -> np.ndarray:
-        """score(y) + log π_y (float32, (n, K)); see the module docstring.
+        """score(y), plus log π_y with `elbo` weighting (float32, (n, K)); see the module docstring.
 
         `batch_size` is not used: examples are scored in chunks of `score_rows` network rows,
         so the noise draws (and the scores) do not depend on it.
@@ -507,7 +538,8 @@ def train_diffusion(
         return torch.from_numpy(model.score(x, draws=cfg.select_draws)[0])
 
     opts = GenerativeFitOptions.from_config(cfg)
-    result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint)
+    result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint,
+                            val_objective=lambda s: model.denoising_loss(s.x, s.y))
     model.load_state_dict(result.state_dict)
     return model.eval(), result
 

@@ -1,9 +1,18 @@
 """Class-conditional Gaussian classifiers in closed form: what they share.
 
 p(x | y) = N(x | μ_y, Σ_y) and p(y) = π_y, fitted on the train split by maximum likelihood,
-each covariance shrunk towards a scaled identity (`shrink`):
+each covariance shrunk towards a target T (`shrink`, λ = `shrinkage`, T = `shrink_target`):
 
-    Σ_λ = (1 − λ) Σ + λ (tr Σ / d) I
+    Σ_λ = (1 − λ) Σ + λ T,   T = (tr Σ / d) I   scaled_identity
+                             T = diag(Σ)        diagonal
+                             T = I              identity
+
+The scaled identity (scikit-learn's `shrunk_covariance`, Ledoit–Wolf's target) gives every
+dimension the *average* variance, so adding or removing dimensions moves the target of all
+the others; `diagonal` shrinks each dimension's correlations towards 0 and keeps its own
+variance (the shrunk Σ of a dimension does not depend on how many others there are, and a
+population whose covariance is diagonal is left unchanged); `identity` adds λ to every
+variance regardless of its scale. A constant feature makes `diagonal` singular.
 
 `logits(x)` returns log p(x, y) = log N(x | μ_y, Σ_λ) + log π_y for every class — a proper
 joint log-density, so softmax of it is p(y | x) and argmax is the Bayes rule of the model.
@@ -30,12 +39,16 @@ if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob
 
 
+SHRINK_TARGETS = ("scaled_identity", "diagonal", "identity")
+
+
 @dataclass
 class GaussianConfig:
     """The keys of a Gaussian classifier fitted in closed form (its own schema names it)."""
 
     kind: str = option("method family")
-    shrinkage: float = option("covariance shrinkage towards a scaled identity (per class where each has its own), in [0, 1]")
+    shrinkage: float = option("covariance shrinkage λ towards `shrink_target` (per class where each has its own), in [0, 1]")
+    shrink_target: str = option("what the covariance shrinks towards: scaled_identity ((tr Σ/d)·I) | diagonal (diag Σ) | identity (I)")
 
     def reads_splits(self) -> tuple[str, ...]:
         """Fitted in closed form on train."""
@@ -43,6 +56,7 @@ class GaussianConfig:
 
     def check(self, c: Checks) -> None:
         c.prob(self.shrinkage, "shrinkage")
+        c.choice(self.shrink_target, "shrink_target", SHRINK_TARGETS)
 
 
 def train_closed_form(job: TrainJob, fit: Callable[[np.ndarray, np.ndarray, int, Any], Any]) -> Trained:
@@ -54,7 +68,9 @@ def train_closed_form(job: TrainJob, fit: Callable[[np.ndarray, np.ndarray, int,
     try:
         model = fit(train.x, train.y, job.prepared.n_classes, job.cfg)
     except ValueError as e:
-        raise ConfigError(f"{job.key} (shrinkage {job.cfg.shrinkage}) on the train split: {e}") from None
+        raise ConfigError(
+            f"{job.key} (shrinkage {job.cfg.shrinkage} towards {job.cfg.shrink_target}) on the train split: {e}"
+        ) from None
     return fitted_once(model, job.prepared, "closed form", selection=None)
 
 
@@ -123,9 +139,23 @@ class GaussianClassifier(nn.Module):
         return int(sum(t.numel() for t in self.state_dict().values()))
 
 
-def shrink(cov: torch.Tensor, shrinkage: float) -> torch.Tensor:
-    """(1 − λ) Σ + λ (tr Σ / d) I, exactly symmetric."""
+def shrink(cov: torch.Tensor, shrinkage: float, target: str = "scaled_identity") -> torch.Tensor:
+    """(1 − λ) Σ + λ T with T the `target` (SHRINK_TARGETS; module docstring), for one
+    covariance (d, d) or a stack (K, d, d), exactly symmetric. ValueError on an unknown target."""
+    if not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
     d = cov.shape[-1]
-    target = (torch.diagonal(cov, dim1=-2, dim2=-1).sum(-1) / d)[..., None, None] * torch.eye(d, dtype=cov.dtype)
-    cov = (1.0 - shrinkage) * cov + shrinkage * target
+    diag = torch.diagonal(cov, dim1=-2, dim2=-1)
+    eye = torch.eye(d, dtype=cov.dtype)
+    if target == "scaled_identity":
+        # torch.trace for one matrix (its summation order is what LDA always used: outputs stay bit-identical)
+        trace = torch.trace(cov) if cov.dim() == 2 else diag.sum(-1)
+        goal = (trace / d)[..., None, None] * eye
+    elif target == "diagonal":
+        goal = torch.diag_embed(diag)
+    elif target == "identity":
+        goal = eye.expand_as(cov)
+    else:
+        raise ValueError(f"shrink target must be one of {list(SHRINK_TARGETS)}, got '{target}'")
+    cov = (1.0 - shrinkage) * cov + shrinkage * goal
     return 0.5 * (cov + cov.transpose(-1, -2))

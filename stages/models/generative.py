@@ -9,7 +9,10 @@ selection criteria `training.SELECTION_METRIC`: val_avg, val_worst_group, oracle
 the earlier epoch; the same checkpoint/resume). Classifying is far dearer than a training
 step (every class, and for a denoising model many noise draws), so the splits are scored every
 `eval_every` epochs and at the last epoch (with the model's cheaper selection-time scorer),
-not after every epoch; history has rows only for the scored epochs.
+not after every epoch; their classification columns in history are null on the other epochs.
+The training objective is recorded every epoch (train and val rows, `objective`): on val by
+the model's `val_objective`, its training loss on the whole val split given the labels — one
+pass, no per-class scoring, on fixed draws where the loss is stochastic.
 """
 
 from __future__ import annotations
@@ -75,9 +78,12 @@ def fit_generative(
     generator: torch.Generator,
     desc: str = "train",
     checkpoint: Checkpointer | None = None,
+    val_objective: Callable[[SplitData], float] | None = None,
 ) -> FitResult:
     """Train `model` with `batch_loss` on splits["train"] (x and y); every `eval_every` epochs
     (and at the last) score every split with `scorer` and keep the best by `opts.selection`.
+    After every epoch `val_objective(splits["val"])` (in eval mode) is val's `objective` in
+    history: it must be deterministic and draw from no shared RNG (it runs between epochs).
 
     `model` is left holding its last-epoch weights, in eval mode; the selected ones are in
     the result. With `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is
@@ -89,9 +95,15 @@ def fit_generative(
         model.eval()
         return {name: split_metrics(scorer(s.x), s.y, s.g) for name, s in splits.items()}
 
+    @torch.no_grad()
+    def objective() -> float:
+        model.eval()
+        return val_objective(splits["val"])  # type: ignore[misc]
+
     train = {"x": splits["train"].x, "y": splits["train"].y}
     result = fit_loop(model, splits, train, batch_loss, evaluate, opts, generator, desc=desc, checkpoint=checkpoint,
-                      eval_every=opts.eval_every)
+                      eval_every=opts.eval_every,
+                      val_objective=objective if val_objective is not None and "val" in splits else None)
     model.eval()
     return result
 

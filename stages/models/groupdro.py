@@ -59,6 +59,13 @@ class GroupDROLoss:
             self.q = self.q / self.q.sum()
         return group_loss @ self.q
 
+    def held_out(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """The objective on a held-out split, q untouched: the worst group's mean loss, max_g
+        loss_g over the groups present — the robust loss the online algorithm minimises
+        (Sagawa et al. 2020, eq. 2; Σ_g q_g loss_g is a lower bound of it)."""
+        losses = F.cross_entropy(logits, batch["y"], reduction="none")
+        return torch.stack([losses[batch["g"] == v].mean() for v in torch.unique(batch["g"])]).max()
+
 
 def train(job: TrainJob) -> Trained:
     """The group-weighted loss on train (its weights q are checkpointed with the loop)."""

@@ -94,11 +94,14 @@ def train(job: TrainJob) -> Trained:
     cfg = job.cfg
 
     def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+        first = build_mlp(job.prepared, cfg, job.dataset)
         ident = identify_errors(
-            build_mlp(job.prepared, cfg, job.dataset), splits, FitOptions.from_config(cfg), cfg.id_epochs, generator,
+            first, splits, FitOptions.from_config(cfg), cfg.id_epochs, generator,
             job.prepared.n_groups, desc=f"{job.desc} (identify)",
         )
         splits["train"].extra["w"] = jtt_weights(ident.errors, cfg.upweight)
+        if "val" in splits:  # the identification model's val errors weigh val's objective (training.held_out)
+            splits["val"].extra["w"] = jtt_weights(misclassified(first, splits["val"]), cfg.upweight)
         return weighted_cross_entropy, {"jtt": {**ident.summary, "upweight": cfg.upweight}}
 
     return train_mlp(job, setup)

@@ -2,7 +2,7 @@
 
 p(x | y) = N(x | μ_y, Σ) with one covariance Σ shared by all classes and p(y) = π_y, fitted
 on the train split by maximum likelihood (Σ pooled within classes, with the unbiased n − K
-denominator), then shrunk towards a scaled identity (λ = `shrinkage`; stages/models/gaussian.py).
+denominator), then shrunk towards `shrink_target` (λ = `shrinkage`; stages/models/gaussian.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from stages.models.gaussian import GaussianClassifier, GaussianConfig, train_closed_form
+from stages.models.gaussian import GaussianClassifier, GaussianConfig, shrink, train_closed_form
 from stages.models.generative import class_counts
 from stages.registry import register_method, register_model
 
@@ -39,7 +39,10 @@ class LDAClassifier(GaussianClassifier):
     def _not_positive_definite(self, info: torch.Tensor) -> str | None:
         if int(info) == 0:
             return None
-        return "LDA covariance is not positive definite (constant or collinear features?); use shrinkage > 0"
+        return (
+            "LDA covariance is not positive definite (constant or collinear features?); use shrinkage > 0 "
+            "(and shrink_target scaled_identity or identity when a feature is constant)"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """log p(x, y) for every class, float64, shape (n, n_classes)."""
@@ -60,10 +63,14 @@ class LDAClassifier(GaussianClassifier):
         return {"params": self._params(), "macs": d * (d + 1) // 2 + k * d, "forward_passes": 1}
 
 
-def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> LDAClassifier:
-    """Fit LDA on (x, y) in closed form; every class must occur in `y`.
+def fit_lda(
+    x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float, target: str = "scaled_identity"
+) -> LDAClassifier:
+    """Fit LDA on (x, y) in closed form, the pooled covariance shrunk by `shrinkage` towards
+    `target` (stages/models/gaussian.py `shrink`); every class must occur in `y`.
 
-    Raises ValueError when a class is missing or the shrunk covariance is singular.
+    Raises ValueError when a class is missing, the shrinkage or target is invalid, or the
+    shrunk covariance is singular.
     """
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1], got {shrinkage}")
@@ -77,8 +84,7 @@ def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> L
     means = (onehot.T @ xt) / counts[:, None].double()
     centred = xt - means[yt]
     cov = centred.T @ centred / (n - n_classes)
-    cov = (1.0 - shrinkage) * cov + shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=torch.float64)
-    cov = 0.5 * (cov + cov.T)  # exact symmetry for Cholesky
+    cov = shrink(cov, shrinkage, target)  # exactly symmetric, for Cholesky
     model = LDAClassifier(d, n_classes)
     with torch.no_grad():
         model.means.copy_(means)
@@ -90,7 +96,7 @@ def fit_lda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> L
 
 def fit(x: np.ndarray, y: np.ndarray, n_classes: int, cfg: LDAConfig) -> LDAClassifier:
     """The closed-form fit of `cfg` on (x, y)."""
-    return fit_lda(x, y, n_classes, cfg.shrinkage)
+    return fit_lda(x, y, n_classes, cfg.shrinkage, cfg.shrink_target)
 
 
 def train(job: TrainJob) -> Trained:

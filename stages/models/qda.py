@@ -2,7 +2,8 @@
 
 p(x | y) = N(x | μ_y, Σ_y) with one covariance per class, Σ_y the maximum-likelihood
 estimate from class y's examples (denominator n_y, as scikit-learn >= 1.9's
-QuadraticDiscriminantAnalysis), each shrunk towards its own tr Σ_y / d (stages/models/gaussian.py).
+QuadraticDiscriminantAnalysis), each shrunk towards its own `shrink_target` (e.g. tr Σ_y / d · I;
+stages/models/gaussian.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class QDAClassifier(GaussianClassifier):
             return None
         return (
             f"QDA covariance of class(es) {bad} is not positive definite (constant or collinear "
-            "features, or fewer examples than features?); use shrinkage > 0"
+            "features, or fewer examples than features?); use shrinkage > 0 (and shrink_target "
+            "scaled_identity or identity when a feature is constant)"
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,9 @@ class QDAClassifier(GaussianClassifier):
         return {"params": self._params(), "macs": k * (d * (d + 1) // 2 + d), "forward_passes": 1}
 
 
-def fit_qda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> QDAClassifier:
+def fit_qda(
+    x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float, target: str = "scaled_identity"
+) -> QDAClassifier:
     """Fit QDA on (x, y) in closed form; every class needs >= 2 examples.
 
     Raises ValueError when a class is missing or too small, or a shrunk covariance is singular.
@@ -79,7 +83,7 @@ def fit_qda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> Q
     model = QDAClassifier(xt.shape[1], n_classes)
     with torch.no_grad():
         model.means.copy_(means)
-        model.covariances.copy_(shrink(covs, shrinkage))
+        model.covariances.copy_(shrink(covs, shrinkage, target))
         model.log_priors.copy_(torch.log(counts.double() / len(yt)))
     model.cholesky()
     return model.eval()
@@ -87,7 +91,7 @@ def fit_qda(x: np.ndarray, y: np.ndarray, n_classes: int, shrinkage: float) -> Q
 
 def fit(x: np.ndarray, y: np.ndarray, n_classes: int, cfg: QDAConfig) -> QDAClassifier:
     """The closed-form fit of `cfg` on (x, y)."""
-    return fit_qda(x, y, n_classes, cfg.shrinkage)
+    return fit_qda(x, y, n_classes, cfg.shrinkage, cfg.shrink_target)
 
 
 def train(job: TrainJob) -> Trained:

@@ -48,6 +48,9 @@ def train(job: TrainJob) -> Trained:
         prepared = job.prepared
         labels, n_values = (train.g, prepared.n_groups) if job.cfg.balance == "group" else (train.y, prepared.n_classes)
         train.extra["w"] = balanced_weights(labels, n_values)
+        if "val" in splits:  # the same rule on val, for the objective's held-out value (training.held_out)
+            val = splits["val"]
+            splits["val"].extra["w"] = balanced_weights(val.g if job.cfg.balance == "group" else val.y, n_values)
         return weighted_cross_entropy, {}
 
     return train_mlp(job, setup)

@@ -120,8 +120,9 @@ def selection_summary(history: pa.Table) -> dict[str, dict[str, Any]]:
 
     Ties go to the earlier epoch, as in `training.fit_classifier`. Only the configured
     criterion chose the saved weights; the others (oracle above all) are for the report.
+    Only scored rows count (a generative model's unscored epochs have null metrics).
     """
-    rows = history.to_pylist()
+    rows = [r for r in history.to_pylist() if r["acc"] is not None]
     out: dict[str, dict[str, Any]] = {}
     for criterion, (split, metric) in SELECTION_METRIC.items():
         candidates = [r for r in rows if r["split"] == split]

@@ -9,10 +9,18 @@ with its own reconstruction loss.
 `TrainJob` is what the train stage hands a method's registered `train` function, `Trained`
 what the function returns (stages/registry.py).
 
-History (`artifacts.HISTORY_SCHEMA`): after every epoch (1..epochs) the model is scored on
-every split present; `loss` there is the mean cross-entropy of the labels (whatever the
+History (`artifacts.HISTORY_SCHEMA`): after every epoch (1..epochs) there is a row for train
+and val with `objective`, the value of the model's training objective: on train the mean of
+the epoch's minibatch losses (what the optimiser minimised, during the epoch), on val the same
+objective on the whole split at the end of the epoch, deterministic and without side effects
+(`held_out`; classifiers take it from the val logits the epoch's scoring computes anyway, the
+generative models pass a `val_objective`: one pass, no per-class scoring). On the epochs the
+model is scored (every epoch for the classifiers, every `eval_every` for the generative ones)
+every split present has a row with `loss`, the mean cross-entropy of the labels (whatever the
 training objective), `acc` the accuracy, `worst_group_acc` the lowest accuracy over the
-groups that occur in the split. A checkpoint is chosen by a named criterion:
+groups that occur in the split; those columns are null on a row of an unscored epoch, and
+`objective` is null on the test splits. `convergence` turns the val objective curve into the
+under-training flag (docs/metrics.md). A checkpoint is chosen by a named criterion:
 
     val_avg          best val accuracy                  (no group labels needed)
     val_worst_group  best val worst-group accuracy      (uses validation groups)
@@ -27,6 +35,7 @@ resumes from it with byte-identical results — for every model trained through 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -135,6 +144,15 @@ def cross_entropy(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits, batch["y"])
 
 
+def held_out(loss_fn: LossFn) -> LossFn:
+    """The form of a training loss that gives its value on a held-out split (val): the loss's own
+    `held_out` method where calling it has side effects (Group DRO's updates its group weights),
+    else the loss itself. It reads the split's tensors as a batch: y, g and the split's extras
+    (per-example weights "w", teacher logits "teacher"), which the method sets on val as on train.
+    """
+    return getattr(loss_fn, "held_out", loss_fn)
+
+
 def distillation_loss(temperature: float, alpha: float) -> LossFn:
     """alpha·T²·KL(softmax(teacher/T) ‖ softmax(student/T)) + (1−alpha)·CE(student, y).
 
@@ -172,8 +190,11 @@ def split_metrics(logits: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> dic
 
 
 @torch.no_grad()
-def evaluate_splits(model: nn.Module, splits: Mapping[str, SplitData], batch_size: int = 4096) -> dict[str, dict[str, float]]:
-    """`split_metrics` of `model` on every split (eval mode, no gradients)."""
+def evaluate_splits(
+    model: nn.Module, splits: Mapping[str, SplitData], batch_size: int = 4096, objective: LossFn | None = None
+) -> dict[str, dict[str, float]]:
+    """`split_metrics` of `model` on every split (eval mode, no gradients); with `objective` (a
+    `held_out` loss), val's metrics also hold "objective", its value on val's logits."""
     was_training = model.training
     model.eval()
     try:
@@ -181,18 +202,90 @@ def evaluate_splits(model: nn.Module, splits: Mapping[str, SplitData], batch_siz
         for name, s in splits.items():
             logits = torch.cat([model(s.x[i : i + batch_size]) for i in range(0, len(s), batch_size)])
             out[name] = split_metrics(logits, s.y, s.g)
+            if objective is not None and name == "val":
+                out[name]["objective"] = float(objective(logits, {"y": s.y, "g": s.g, **s.extra}).item())
         return out
     finally:
         model.train(was_training)
 
 
+HISTORY_METRICS = ("loss", "acc", "worst_group_acc")
+"""The history columns an epoch has only where the split was scored (null elsewhere)."""
+
+
 def history_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """History rows (epoch, split, loss, acc, worst_group_acc) as a HISTORY_SCHEMA table."""
+    """History rows (epoch, split, loss, acc, worst_group_acc, objective) as a HISTORY_SCHEMA table."""
     return pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
 
 
-def history_rows(epoch: int, metrics: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
-    return [{"epoch": epoch, "split": name, **m} for name, m in metrics.items()]
+def history_rows(
+    epoch: int, metrics: Mapping[str, Mapping[str, float]], objective: Mapping[str, float | None] | None = None
+) -> list[dict[str, Any]]:
+    """One row per split scored (`metrics`) or with an objective value, scored splits first (in
+    their order), then the others; a column a split lacks is null."""
+    objective = objective or {}
+    names = list(dict.fromkeys([*metrics, *objective]))
+    return [
+        {"epoch": epoch, "split": name, **dict.fromkeys(HISTORY_METRICS), **metrics.get(name, {}),
+         "objective": objective.get(name)}
+        for name in names
+    ]
+
+
+# ---- convergence -----------------------------------------------------------------------------
+
+UNDERTRAINED_WINDOW = 0.2
+"""The window of the under-training check: the last 20 % of the epochs (rounded up) ..."""
+UNDERTRAINED_MIN_EPOCHS = 2
+"""... and at least 2 epochs."""
+UNDERTRAINED_GAIN = 0.01
+"""A val objective that improved by more than 1 % (relative) within the window is flagged."""
+UNDER_TRAINED, PLATEAUED, NOT_APPLICABLE = "may be under-trained", "plateaued", "n/a"
+
+
+def convergence(
+    history: pa.Table | list[dict[str, Any]],
+    window: float = UNDERTRAINED_WINDOW,
+    min_epochs: int = UNDERTRAINED_MIN_EPOCHS,
+    gain: float = UNDERTRAINED_GAIN,
+) -> dict[str, Any]:
+    """The under-training check of a history (docs/metrics.md, "Training objective and the under-training flag").
+
+    Over the val rows with an objective, epochs 1..E in order: the window is the last
+    w = max(`min_epochs`, ceil(`window` · E)) epochs, its start value v0 the val objective at
+    epoch E − w (the model the window's training started from), and
+
+        improvement = (v0 − min over the window) / |v0|
+
+    (0 when v0 is 0). improvement > `gain` -> "may be under-trained", else "plateaued"; no
+    val objective (closed-form and other epoch-less models) or E <= w -> "n/a". Returns
+    {"flag", "epochs": E, "window": [first, last epoch] or None, "improvement" or None, "why",
+    "val_objective": the curve, epochs 1..E} (train and distill keep it in config.json, evaluate
+    passes it on to the report, which draws the curves).
+    """
+    rows = history.to_pylist() if isinstance(history, pa.Table) else history
+    curve = sorted((int(r["epoch"]), float(r["objective"])) for r in rows
+                   if r["split"] == "val" and r.get("objective") is not None and r["epoch"] >= 1)
+    n = len(curve)
+    w = max(int(min_epochs), math.ceil(float(window) * n - 1e-9))
+    out: dict[str, Any] = {"flag": NOT_APPLICABLE, "epochs": n, "window": None, "improvement": None,
+                           "val_objective": [v for _, v in curve]}
+    if n == 0:
+        return {**out, "why": "no epochs: no per-epoch val objective (fitted in closed form, or no val split)"}
+    if n <= w:
+        return {**out, "why": f"too few epochs: {n}, the check needs more than {w}"}
+    start = curve[n - w - 1][1]
+    best = min(v for _, v in curve[n - w :])
+    improvement = (start - best) / abs(start) if start != 0 else 0.0
+    flagged = improvement > gain
+    return {
+        **out,
+        "flag": UNDER_TRAINED if flagged else PLATEAUED,
+        "window": [curve[n - w][0], curve[-1][0]],
+        "improvement": improvement,
+        "why": f"val objective {'improved' if improvement > 0 else 'changed'} by {improvement:+.1%} over the last "
+               f"{w} of {n} epochs ({'more' if flagged else 'not more'} than {gain:.0%})",
+    }
 
 
 # ---- the loop --------------------------------------------------------------------------------
@@ -275,8 +368,11 @@ def fit_classifier(
     def step(batch: Batch) -> torch.Tensor:
         return loss_fn(model(batch["x"]), batch)
 
+    def evaluate() -> dict[str, dict[str, float]]:
+        return evaluate_splits(model, splits, objective=held_out(loss_fn))
+
     return fit_loop(
-        model, splits, splits["train"].tensors(), step, lambda: evaluate_splits(model, splits), opts, generator,
+        model, splits, splits["train"].tensors(), step, evaluate, opts, generator,
         desc=desc, checkpoint=checkpoint, loss_state=loss_fn if hasattr(loss_fn, "state_dict") else None,
     )
 
@@ -293,6 +389,7 @@ def fit_loop(
     checkpoint: Checkpointer | None = None,
     eval_every: int = 1,
     loss_state: Any = None,
+    val_objective: Callable[[], float] | None = None,
 ) -> FitResult:
     """The one epoch / selection / checkpoint loop of every trained model (classifiers and generative).
 
@@ -301,6 +398,11 @@ def fit_loop(
     metrics of every split (one history row each) and the best epoch by `opts.selection`
     is kept (ties to the earlier epoch). `model` is left holding its last-epoch weights in
     train mode; the selected ones are in the result.
+
+    Every epoch records the training objective (module docstring): on train the epoch's mean
+    minibatch loss, on val the "objective" `evaluate()` put in val's metrics, else (an
+    unscored epoch, or an `evaluate` that gives none) `val_objective()`, which must be
+    deterministic and leave every RNG alone; without either, val's objective is null.
 
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
     `checkpoint.every` epochs (scored or not), and on SIGINT/SIGTERM writes one and raises
@@ -340,10 +442,14 @@ def fit_loop(
         bar = progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch")
         for epoch in bar:
             model.train()
-            run_epoch(train, step, optimizer, opts.batch_size, generator)
-            if epoch % eval_every == 0 or epoch == opts.epochs:
-                metrics = evaluate()
-                rows += history_rows(epoch, metrics)
+            objective: dict[str, float | None] = {"train": run_epoch(train, step, optimizer, opts.batch_size, generator)}
+            scored = epoch % eval_every == 0 or epoch == opts.epochs
+            metrics = evaluate() if scored else {}
+            if "val" in splits:
+                given = metrics["val"].pop("objective", None) if "val" in metrics else None
+                objective["val"] = given if given is not None else val_objective() if val_objective is not None else None
+            rows += history_rows(epoch, metrics, objective)
+            if scored:
                 if "val" in metrics:
                     val = metrics["val"]
                     bar.set_postfix_str(f"val acc {val['acc']:.3f}, worst-group {val['worst_group_acc']:.3f}", refresh=False)
@@ -497,7 +603,7 @@ def epoch_trained(model: Any, result: FitResult, selection: str, checkpoint: Any
 
     record.setdefault("architecture", model.arch())
     record.update(selection=selection, selected_epoch=result.selected_epoch, metrics=result.selected_metrics)
-    record.update(selections=selection_summary(result.history))
+    record.update(selections=selection_summary(result.history), convergence=convergence(result.history))
     how = f"epoch {result.selected_epoch} selected by {selection}"
     return Trained(model, result.selected_metrics, result.history, how, record, checkpoint)
 
@@ -512,4 +618,6 @@ def fitted_once(model: Any, prepared: Prepared, how: str, **record: Any) -> Trai
     record.setdefault("architecture", model.arch())
     record.setdefault("selected_epoch", 0)
     record["metrics"] = metrics
-    return Trained(model, metrics, history_table(history_rows(0, metrics)), how, record)
+    history = history_table(history_rows(0, metrics))
+    record["convergence"] = convergence(history)
+    return Trained(model, metrics, history, how, record)
