@@ -105,9 +105,13 @@ def test_conv_diffusion_stopped_mid_training_resumes_to_the_uninterrupted_result
     assert "resuming from scratch/checkpoints/train@blobs-diffusion-0/epoch-000002.safetensors (epoch 2)" in capsys.readouterr().err
     assert resumed.denoiser_kind == "conv" and result.selected_epoch == full.selected_epoch
     assert result.history.equals(full.history)
-    # Scored (all four splits) at epochs 3 and 4; the objective on train and val every epoch.
+    # Scored (the splits selection reads: val, test_ood) at epochs 3 and 4; the selected weights
+    # on every split once; the objective on train and val every epoch.
     rows = full.history.to_pylist()
-    assert [r["epoch"] for r in rows if r["acc"] is not None][::4] == [3, 4]
+    assert [(r["epoch"], r["split"]) for r in rows if r["acc"] is not None] == [(e, s) for e in (3, 4) for s in ("val", "test_ood")]
+    assert set(full.selected_metrics) == {"train", "val", "test_id", "test_ood"}
+    picked = next(r for r in rows if r["epoch"] == full.selected_epoch and r["split"] == "val")
+    assert full.selected_metrics["val"]["acc"] == picked["acc"]
     assert [(r["epoch"], r["split"]) for r in rows if r["objective"] is not None] == [(e, s) for e in (1, 2, 3, 4) for s in ("train", "val")]
     expected = whole.state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in resumed.state_dict().items())

@@ -17,6 +17,7 @@ pass, no per-class scoring, on fixed draws where the loss is stochastic.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ class GenerativeFitConfig:
         c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
 
 
+# The splits scored at every evaluation: what the selection rules read (val_avg and
+# val_worst_group: val; oracle: test_ood, whose pick config.json reports for every model).
+SCORED_DURING_TRAINING = ("val", "test_ood")
+
 Scorer = Callable[[torch.Tensor], torch.Tensor]
 """Class scores (n, n_classes) of a batch of raw inputs, used only for selection."""
 
@@ -81,7 +86,10 @@ def fit_generative(
     val_objective: Callable[[SplitData], float] | None = None,
 ) -> FitResult:
     """Train `model` with `batch_loss` on splits["train"] (x and y); every `eval_every` epochs
-    (and at the last) score every split with `scorer` and keep the best by `opts.selection`.
+    (and at the last) score the SCORED_DURING_TRAINING splits with `scorer` and keep the best
+    by `opts.selection`; the selected weights are then scored on the other splits (train,
+    test_id), so the result's metrics cover every split and history has their rows only where
+    scored.
     After every epoch `val_objective(splits["val"])` (in eval mode) is val's `objective` in
     history: it must be deterministic and draw from no shared RNG (it runs between epochs).
 
@@ -91,9 +99,17 @@ def fit_generative(
     state the checkpoint carries.
     """
     @torch.no_grad()
-    def evaluate() -> dict[str, dict[str, float]]:
+    def score(names: list[str]) -> dict[str, dict[str, float]]:
         model.eval()
-        return {name: split_metrics(scorer(s.x), s.y, s.g) for name, s in splits.items()}
+        return {name: split_metrics(scorer(splits[name].x), splits[name].y, splits[name].g) for name in names}
+
+    # Scoring is the dear part (every class, many draws): each evaluation scores the splits any
+    # selection rule reads (val, test_ood: the oracle's choice is reported too), and the
+    # selected weights alone are scored on the others once, after the loop.
+    during = [name for name in splits if name in SCORED_DURING_TRAINING]
+
+    def evaluate() -> dict[str, dict[str, float]]:
+        return score(during)
 
     @torch.no_grad()
     def objective() -> float:
@@ -104,6 +120,12 @@ def fit_generative(
     result = fit_loop(model, splits, train, batch_loss, evaluate, opts, generator, desc=desc, checkpoint=checkpoint,
                       eval_every=opts.eval_every,
                       val_objective=objective if val_objective is not None and "val" in splits else None)
+    rest = [name for name in splits if name not in during]
+    if rest:
+        last = copy.deepcopy(model.state_dict())
+        model.load_state_dict(result.state_dict)
+        result.selected_metrics = {**result.selected_metrics, **score(rest)}
+        model.load_state_dict(last)
     model.eval()
     return result
 

@@ -221,10 +221,11 @@ def history_table(rows: list[dict[str, Any]]) -> pa.Table:
 def history_rows(
     epoch: int, metrics: Mapping[str, Mapping[str, float]], objective: Mapping[str, float | None] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per split scored (`metrics`) or with an objective value, scored splits first (in
-    their order), then the others; a column a split lacks is null."""
+    """One row per split scored (`metrics`) or with an objective value, in SPLITS order (then any
+    other split in the order given); a column a split lacks is null."""
     objective = objective or {}
-    names = list(dict.fromkeys([*metrics, *objective]))
+    given = list(dict.fromkeys([*metrics, *objective]))
+    names = [n for n in SPLITS if n in given] + [n for n in given if n not in SPLITS]
     return [
         {"epoch": epoch, "split": name, **dict.fromkeys(HISTORY_METRICS), **metrics.get(name, {}),
          "objective": objective.get(name)}
