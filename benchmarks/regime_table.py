@@ -52,8 +52,15 @@ def run_recipe(recipe: str, seeds: list[int], env: dict[str, str]) -> tuple[dict
         return json.loads((repo / "data" / "reports" / "summary.json").read_text()), wall
 
 
-def predicted(sep: dict[str, float]) -> str:
-    """The direction the separations predict for a likelihood classifier's shortcut use."""
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:.2f}"
+
+
+def predicted(sep: dict[str, float | None]) -> str:
+    """The direction the separations predict for a likelihood classifier's shortcut use (short
+    form of `stages.regime.predicted_direction`)."""
+    if sep["cue"] is None or sep["core"] is None:
+        return "none (not recorded)"
     if sep["cue"] > sep["core"]:
         return "generative uses the shortcut more"
     if sep["cue"] < sep["core"]:
@@ -61,14 +68,23 @@ def predicted(sep: dict[str, float]) -> str:
     return "no prediction (equal)"
 
 
+def observed(regime: dict[str, float]) -> str:
+    """The report's observation: mean ID→OOD accuracy drop of the generative models against
+    the discriminative reference family (`evaluate.er_reference`)."""
+    gen, ref = regime.get("drop_generative"), regime.get("drop_reference")
+    if gen is None or ref is None:
+        return "n/a"
+    return f"{gen:.2f} vs {ref:.2f}: generative uses it {'more' if gen > ref else 'less' if gen < ref else 'as much'}"
+
+
 def table(results: dict[str, dict]) -> str:
-    header = ["dataset", "recipe", "cue sep.", "core sep.", "predicted", *METHODS]
+    header = ["dataset", "recipe", "cue sep.", "core sep.", "predicted", "observed: ID→OOD drop, generative vs reference", *METHODS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for dataset in DATASETS:
         for recipe, summary in results.items():
             ds = summary[dataset]
-            regime = ds["_regime"]
-            sep = regime["separation"]
+            regime = ds.get("_regime", {})
+            sep = {"cue": regime.get("separation_cue"), "core": regime.get("separation_core")}
             cells = []
             for m in METHODS:
                 s = ds.get(m)
@@ -78,7 +94,7 @@ def table(results: dict[str, dict]) -> str:
                 ci = s.get("test_ood_worst_group_acc_ci")
                 cells.append(f"{s['test_ood_worst_group_acc']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
             lines.append(
-                f"| {dataset} | {recipe} | {sep['cue']:.2f} | {sep['core']:.2f} | {predicted(sep)} | "
+                f"| {dataset} | {recipe} | {_num(sep['cue'])} | {_num(sep['core'])} | {predicted(sep)} | {observed(regime)} | "
                 + " | ".join(cells) + " |"
             )
     return "\n".join(lines)
@@ -88,12 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--recipes", nargs="+", default=["defaults", "paper_regime"])
+    parser.add_argument("--save", type=Path, default=Path("scratch/regime_table"),
+                        help="folder for each recipe's summary.json (kept, so the table can be re-rendered)")
+    parser.add_argument("--render", action="store_true", help="only render the table from --save")
     args = parser.parse_args(argv)
+    if args.render:
+        print(table({r: json.loads((args.save / f"{r}.json").read_text()) for r in args.recipes}))
+        return 0
     env = dict(os.environ, SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     results = {}
     for recipe in args.recipes:
         results[recipe], wall = run_recipe(recipe, args.seeds, env)
+        args.save.mkdir(parents=True, exist_ok=True)
+        (args.save / f"{recipe}.json").write_text(json.dumps(results[recipe], indent=2, sort_keys=True))
         print(f"{recipe}: dvc repro {wall:.0f} s", file=sys.stderr)
     print(table(results))
     return 0

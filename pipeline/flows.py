@@ -25,7 +25,8 @@ Afterwards the flow publishes Prefect artifacts with stable keys (so the UI show
 history): what each stage did (also after a failure: which stages failed or were skipped), the
 leaderboard table, the report as markdown, each dataset's validation result,
 and links to the Parquet outputs and the validation Data Docs. With `push`, `dvc push` sends
-the outputs to the default DVC remote (the shared artifact store of a multi-machine setup).
+the outputs to the default DVC remote (the shared artifact store of a multi-machine setup),
+retried up to PUSH_RETRIES times with exponential backoff (not when DVC's config is at fault).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from prefect.artifacts import (  # noqa: E402
     create_table_artifact,
 )
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.tasks import exponential_backoff  # noqa: E402
 
 from pipeline.dvc_server import DvcRunner, DvcServerDied  # noqa: E402
 
@@ -265,9 +267,28 @@ def save_experiment(root: str, name: str) -> str:
     return name
 
 
-@task(cache_policy=NO_CACHE, task_run_name="dvc-push")
+PUSH_RETRIES = 3
+PUSH_BACKOFF_S = 10.0  # waits about 10, 20, 40 s before the retries (jittered, at most +50 %)
+
+
+def push_may_succeed_later(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry `dvc push` unless DVC's configuration is at fault (no remote, a bad remote section):
+    that does not heal by waiting, a dropped connection or a busy server might."""
+    error = state.data if isinstance(state.data, BaseException) else None
+    return not (isinstance(error, StageFailed) and "config file error" in str(error))
+
+
+# The flow's one network operation: retried with exponential backoff, as Prefect's docs do for network I/O.
+@task(
+    cache_policy=NO_CACHE,
+    task_run_name="dvc-push",
+    retries=PUSH_RETRIES,
+    retry_delay_seconds=exponential_backoff(backoff_factor=PUSH_BACKOFF_S),
+    retry_jitter_factor=0.5,
+    retry_condition_fn=push_may_succeed_later,
+)
 def push_outputs(root: str) -> str:
-    """`dvc push`: send every cached output to the default DVC remote."""
+    """`dvc push`: send every cached output to the default DVC remote (retried on failure)."""
     output = run_command([dvc_bin(), "push"], root, "dvc push")
     get_run_logger().info("%s", output.splitlines()[-1] if output else "pushed")
     return output

@@ -160,7 +160,9 @@ def run_point(name: str, overrides: list[str], root: str) -> dict[str, Any]:
         status = "reused"
         logger.info("%s: experiment already finished (%s), reusing it", name, done[name][:7])
     else:
-        cmd = [dvc_bin(), "exp", "run", "--temp", "-n", name]
+        # Parallel points each hold the repo's lock while DVC stashes and composes their params
+        # (seconds: our config check runs inside the composition): wait for it, do not fail.
+        cmd = [dvc_bin(), "--wait-for-lock", "exp", "run", "--temp", "-n", name]
         for ov in overrides:
             cmd += ["-S", ov]
         logger.info("%s: %s", name, " ".join(overrides))

@@ -232,7 +232,8 @@ def read_prepared(path: str | Path) -> Prepared:
 
 
 def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One human line per failed expectation: name, type, column, observed vs expected."""
+    """One human line per failed expectation: name, type, column, observed vs expected, and the
+    record's `detail` where validate added one (e.g. the split and groups a group count missed)."""
     lines = []
     for r in records:
         if r["success"]:
@@ -259,5 +260,6 @@ def failure_summary(records: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(
             f"{r['name']} ({r['why']}): {r['type']} ({target}): {observed}"
             + (f"; expected {expected}" if expected else "")
+            + (f"; {r['detail']}" if r.get("detail") else "")
         )
     return lines

@@ -9,11 +9,19 @@ stage sections' schemas are in stages/settings.py.
 
     python -m stages.config check      # validate the whole params.yaml
     python -m stages.config compose    # regenerate params.yaml from conf/ (as `dvc exp run` does)
+
+Composition validates before anything is written: our Hydra plugin's `shiftlab.dag` resolver
+(hydra_plugins/shiftlab) runs `check_composed` on the composed config while DVC's
+`compose_and_dump` resolves it, before it writes params.yaml. So `dvc exp run -S
+method.<name>.lr=abc` stops there, with params.yaml as it was and no stage run (DVC deletes a
+stage's outputs only when it runs it), and `compose` exits 2 with one line. `compose` also
+writes params.yaml atomically (a temp file renamed over it).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -185,6 +193,18 @@ def check_all(params: DictConfig) -> RunConfig:
     return run
 
 
+def check_composed(params: DictConfig) -> RunConfig:
+    """`check_all`, then every other `dataset.<name>` and `method.<name>` section too: what a
+    composed params.yaml must pass before it is written (a section this run does not read
+    would still fail the next run that does)."""
+    run = check_all(params)
+    for group, validate_one in (("dataset", dataset_config), ("method", method_config)):
+        node = OmegaConf.select(params, group)
+        for name in node if isinstance(node, DictConfig) else ():
+            validate_one(params, str(name))
+    return run
+
+
 def model_names(params: DictConfig) -> list[str]:
     """Every name a model can have: each method under `method`, then each one's student name."""
     node = OmegaConf.select(params, "method")
@@ -261,17 +281,29 @@ def help_params() -> DictConfig | None:
 
 
 def compose(config_dir: str | Path = "conf", output: str | Path = PARAMS, overrides: Sequence[str] = ()) -> Path:
-    """Compose conf/ into params.yaml exactly as `dvc exp run` does (DVC's own function)."""
+    """Compose conf/ into params.yaml exactly as `dvc exp run` does (DVC's own function).
+
+    The composed config is validated during composition (`check_composed`, via the plugin's
+    resolver) and written to a temp file renamed over `output`: on any error `output` is left
+    as it was and a ConfigError says why in one line.
+    """
+    import tempfile
+
     from dvc.utils.hydra import compose_and_dump
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from stages.io import write_text
+
     conf = Path(config_dir).resolve()
     _hydra_plugin().register(conf)  # this conf/'s files, even if another project's were registered first
-    try:
-        compose_and_dump(Path(output), str(conf), None, "config", str(Path.cwd()), list(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"{config_dir}/ with overrides {list(overrides)}: {_one_line(e)}") from None
+    with tempfile.TemporaryDirectory(prefix="shiftlab-compose-") as tmp:
+        staged = Path(tmp) / Path(output).name  # same suffix: compose_and_dump picks its dumper by it
+        try:
+            compose_and_dump(staged, str(conf), None, "config", str(Path.cwd()), list(overrides))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(f"{config_dir}/ with overrides {list(overrides)}: {_one_line(e)}") from None
+        write_text(staged.read_text(encoding="utf-8"), output)
     return Path(output)
 
 
@@ -286,15 +318,20 @@ def _hydra_plugin() -> Any:
         sys.path.remove(str(Path.cwd()))
 
 
+# OmegaConf's wrapper around an error a resolver raised (the plugin's config check): the
+# message after it is ours.
+_RESOLVER_ERROR = re.compile(r"^\w+ raised while resolving interpolation: ")
+
+
 def _one_line(e: Exception) -> str:
     """A Hydra error on one line: its message and the options it lists, without the search path."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     keep = []
     for ln in lines:
-        if ln.startswith("Config search path"):
+        if ln.startswith(("Config search path", "full_key:", "object_type=")):
             break
         keep.append(ln)
-    return " ".join(keep) or type(e).__name__
+    return _RESOLVER_ERROR.sub("", " ".join(keep)) or type(e).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -308,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"config: wrote {compose(output=args.params, overrides=args.overrides)}")
             return 0
         params = load_params(args.params, args.overrides)
-        run = check_all(params)
+        run = check_composed(params)
         if args.command == "show":
             print(OmegaConf.to_yaml(params))
         print(f"config: {args.params} is valid ({len(run.datasets)} datasets × {len(run.models)} models × {len(run.seeds)} seeds)")

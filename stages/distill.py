@@ -76,7 +76,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
     from stages.io import ArtifactError
     from stages.models import WEIGHTS, inference_cost, load_model, save_model
     from stages.models.robust import selection_summary
-    from stages.models.training import convergence, read_prepared_input
+    from stages.models.training import NonFiniteLoss, convergence, read_prepared_input
 
     seed_i = parse_seed(seed)
     cfg = section(params, "distill", DistillConfig)
@@ -88,7 +88,11 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         )
     prepared = read_prepared_input(dataset)
     teacher_model = load_model(teacher_dir)
-    student, result = distill(prepared, teacher_model, cfg, seed_i, desc=f"distill {teacher}")
+    try:
+        student, result = distill(prepared, teacher_model, cfg, seed_i, desc=f"distill {teacher}")
+    except NonFiniteLoss as e:  # one line naming the stage and the key to change
+        e.where, e.key, e.lr = f"distill@{dataset}-{teacher}-{seed_i}", "distill.lr", cfg.lr
+        raise
     name = student_name(teacher)
     out = model_dir(dataset, name, seed_i)
     record = {

@@ -68,7 +68,7 @@ def fit_dae(
     import torch.nn.functional as F
 
     from stages.models.nets import DenoisingAutoencoder
-    from stages.models.training import run_epoch
+    from stages.models.training import NonFiniteLoss, run_epoch
     from stages.runtime import progress
 
     x = torch.tensor(np.asarray(x_train, dtype=np.float32))
@@ -84,8 +84,12 @@ def fit_dae(
 
     mse = float("nan")
     dae.train()
-    for _ in progress(range(cfg.epochs), desc="pretrain dae", total=cfg.epochs, unit="epoch"):
-        mse = run_epoch({"x": clean}, step, optimizer, cfg.batch_size, generator)
+    for epoch in progress(range(1, cfg.epochs + 1), desc="pretrain dae", total=cfg.epochs, unit="epoch"):
+        try:
+            mse = run_epoch({"x": clean}, step, optimizer, cfg.batch_size, generator)
+        except NonFiniteLoss as e:  # the stage names itself; the key is this section's lr
+            e.epoch, e.key, e.lr = epoch, "pretrain.lr", cfg.lr
+            raise
     return dae.eval(), mse
 
 
@@ -95,12 +99,17 @@ def run(params: DictConfig, dataset: str) -> str:
     from stages.artifacts import embeddings_schema, pretrained_dir
     from stages.io import numpy_to_fixed_list, write_parquet
     from stages.models import EMBEDDINGS, ENCODER, atomic_dir, save_encoder
+    from stages.models.training import NonFiniteLoss
     from stages.runtime import setup_torch
 
     cfg = section(params, "pretrain", PretrainConfig)
     inputs = read_inputs(dataset)
     generator = setup_torch(cfg.seed)
-    dae, mse = fit_dae(inputs.x[inputs.split == "train"], cfg, generator)
+    try:
+        dae, mse = fit_dae(inputs.x[inputs.split == "train"], cfg, generator)
+    except NonFiniteLoss as e:
+        e.where = f"pretrain@{dataset}"
+        raise
     z = dae.embed(inputs.x)
     table = pa.table(
         {"id": pa.array(inputs.id, pa.int64()), "split": pa.array(inputs.split.tolist(), pa.string()), "z": numpy_to_fixed_list(z)}

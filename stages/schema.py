@@ -9,6 +9,7 @@ once, in `conf/` (composed into params.yaml), so `--help`, a run and params.yaml
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import field
 from typing import Any
@@ -48,6 +49,9 @@ class Checks:
         self.require(0.0 <= value <= 1.0, key, f"must be in [0, 1], got {value}")
 
     def positive(self, value: float, key: str) -> None:
+        if isinstance(value, float) and math.isinf(value):  # lr=inf would train on NaN
+            self.require(False, key, f"must be a finite number > 0, got {value}")
+            return
         self.require(value > 0, key, f"must be > 0, got {value}")
 
     def non_negative(self, value: float, key: str) -> None:

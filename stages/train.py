@@ -57,7 +57,7 @@ def reads_splits(cfg: Any) -> tuple[str, ...]:
 def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     from stages.artifacts import model_dir, prepared_path
     from stages.models import save_model
-    from stages.models.training import TrainJob, read_prepared_input
+    from stages.models.training import NonFiniteLoss, TrainJob, read_prepared_input
 
     seed_i = parse_seed(seed)
     cfg = method_config(params, method)
@@ -69,7 +69,12 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
     check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
     job = TrainJob(dataset, method, seed_i, cfg, prepared, settings.checkpoint_every, settings.resume)
-    trained = spec.train(job)
+    try:
+        trained = spec.train(job)
+    except NonFiniteLoss as e:  # one line naming the stage and the key to change
+        e.where, e.key = f"train@{dataset}-{method}-{seed_i}", f"method.{method}.lr" if hasattr(cfg, "lr") else f"method.{method}"
+        e.lr = getattr(cfg, "lr", None)
+        raise
     if trained.model.kind != spec.model:  # stages/dag.py relies on it for evaluate's DVC deps
         raise TypeError(f"method kind {cfg.kind} registered model={spec.model!r} but trained a {trained.model.kind!r} model")
     record: dict[str, Any] = {

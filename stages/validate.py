@@ -2,7 +2,8 @@
 
     python -m stages.validate <dataset> [key=value ...]
 
-Reads `data/prepared/<dataset>.parquet` and the `validate` params; the suite's bounds come
+Reads `data/prepared/<dataset>.parquet`, the `validate` params and `dataset.<dataset>.kind`
+(which the file's metadata must name); the suite's bounds come
 from the file metadata (`n_classes`, `n_attrs`, `shape`, `rho_train`, `rho_ood`) and the
 thresholds in `validate`. When every expectation passes it writes
 `data/validated/<dataset>.json` (one record per expectation, deterministic bytes) and the
@@ -10,7 +11,7 @@ Data Docs site `data/validated/<dataset>_docs/index.html`. When any fails it lea
 two outputs as they were, writes `data/validated/<dataset>.failed.json`, names each failing
 expectation on stderr and exits 2, so nothing downstream runs.
 
-GX checks pandas columns, and `x` is a fixed-size list, so the suite runs on two frames:
+GX checks pandas columns, and `x` is a fixed-size list, so the suite runs on three frames:
 
 rows         the file's columns other than `x`, plus per-row columns derived from it:
              x           True where the row has an `x`, null where `x` is null (the
@@ -23,6 +24,14 @@ split_stats  one row of per-split aggregates GX has no row-level expression for:
              min_count_<split>    smallest group count in that split (0 if a group is absent)
              agree_rate_<split>   mean of `agrees` over the split (null if the split is empty)
              ood_shift            |agree_rate_test_ood - agree_rate_train|
+file         one row: the file metadata's `dataset` and `kind` (what the file says it holds)
+
+What the data means, not only its shape: every group the metadata declares (n_classes ×
+n_attrs, or its `split_groups`) has an example in train (`groups_present[train]`) and at
+least `min_group_count` in val, test_id and test_ood; ids (and an image dataset's `file`
+names) are unique; and the file is the one the stage was asked for: metadata `dataset` is the
+stage's dataset and metadata `kind` is params.yaml's `dataset.<name>.kind` (a file copied over
+another's fails here). A failed group expectation names the split and each short group.
 
 `x` is read in record batches of at most `X_BATCH_BYTES` (`stages.io.iter_parquet_batches`)
 and reduced to x, x_len and x_finite batch by batch, so a 200k-image dataset never has all its
@@ -47,7 +56,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +64,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from omegaconf import OmegaConf
 
 from stages.artifacts import SPLITS, data_docs_dir, failure_summary, prepared_path, validated_path
 from stages.cli import stage_main
@@ -75,6 +85,13 @@ from stages.settings import ValidateConfig
 CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
 INT_COLUMNS = ("id", "y", "a", "g")
 GROUP_COUNT_SPLITS = ("val", "test_id", "test_ood")
+# Columns that must be unique besides `id`, where the file has them: an image benchmark's
+# source file names (one image in two rows could be in train and a test split).
+UNIQUE_IF_PRESENT = ("file",)
+# The metadata keys that say which dataset a prepared file holds (compared with what the
+# stage was asked for); NOT_RECORDED stands in for a key the file lacks.
+IDENTITY_META = ("dataset", "kind")
+NOT_RECORDED = "(not recorded)"
 REQUIRED_META = ("n_classes", "n_attrs", "shape", "rho_train", "rho_ood")
 MISSING_SEPARATION = (
     "separation not recorded: {path} was prepared before prepare recorded the regime; "
@@ -313,8 +330,25 @@ def required_shift(rho_train: float, rho_ood: float, cfg: ValidateConfig) -> flo
     return round(max(0.0, configured - cfg.rho_tolerance), 12)
 
 
-def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
-    """The whole suite, in report order, from `meta_params(...)` and the thresholds."""
+def file_frame(raw_meta: Mapping[str, Any]) -> Any:
+    """One row: what the file's metadata says it holds (`IDENTITY_META`), as strings."""
+    import pandas as pd
+
+    return pd.DataFrame({k: [str(raw_meta[k]) if raw_meta.get(k) is not None else NOT_RECORDED] for k in IDENTITY_META})
+
+
+def build_checks(
+    meta: Mapping[str, Any],
+    cfg: ValidateConfig,
+    expected: Mapping[str, str] | None = None,
+    unique: Sequence[str] = (),
+) -> list[Check]:
+    """The whole suite, in report order, from `meta_params(...)` and the thresholds.
+
+    `expected` maps metadata keys of `IDENTITY_META` to the value the stage expects (the
+    dataset it was asked for, params.yaml's kind); `unique` names columns besides `id` that
+    must hold no repeated value.
+    """
     n_groups = meta["n_classes"] * meta["n_attrs"]
     dim = int(np.prod(meta["shape"]))
     rho = meta["rho_train"]
@@ -329,6 +363,16 @@ def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
 
     contract = [*CONTRACT_COLUMNS, "text"] if meta.get("text") else list(CONTRACT_COLUMNS)
     checks = [
+        Check(
+            f"metadata[{key}]",
+            "file",
+            "ExpectColumnValuesToBeInSet",
+            {"column": key, "value_set": [value]},
+            f"the file's metadata names {key} '{value}', the one this stage was asked for",
+        )
+        for key, value in (expected or {}).items()
+    ]
+    checks += [
         rows(
             "columns",
             "ExpectTableColumnsToMatchSet",
@@ -406,6 +450,19 @@ def build_checks(meta: Mapping[str, Any], cfg: ValidateConfig) -> list[Check]:
         ),
         rows("id_unique", "ExpectColumnValuesToBeUnique", "id is unique", column="id"),
     ]
+    checks += [
+        rows(f"{c}_unique", "ExpectColumnValuesToBeUnique", f"{c} is unique (no source file in two rows)", column=c)
+        for c in unique
+    ]
+    checks.append(
+        stats(
+            "groups_present[train]",
+            "ExpectColumnMinToBeBetween",
+            "every group (y, a) the metadata declares has an example in train",
+            column="min_count_train",
+            min_value=1,
+        )
+    )
     checks += [
         stats(
             f"min_group_count[{s}]",
@@ -583,13 +640,18 @@ def _plain(v: Any) -> Any:
 # ---- stage ----------------------------------------------------------------------------------------
 
 
-def validate(dataset: str, cfg: ValidateConfig) -> str:
-    """Validate the prepared file of `dataset`; write outputs on success, raise ValidationFailed otherwise."""
+def validate(dataset: str, cfg: ValidateConfig, kind: str | None = None) -> str:
+    """Validate the prepared file of `dataset`; write outputs on success, raise ValidationFailed otherwise.
+
+    `kind` is params.yaml's `dataset.<dataset>.kind` (the file's metadata must say the same);
+    None skips that one expectation (a hand-written params file without the section).
+    """
     src = prepared_path(dataset)
     names = read_parquet_schema(src).names
     # Everything but x whole; x streamed and reduced to three numbers a row (module docstring).
     table = read_parquet(src, columns=[c for c in names if c != "x"])
-    meta = meta_params(read_metadata(src), src)
+    raw_meta = read_metadata(src)
+    meta = meta_params(raw_meta, src)
     x = scan_x(iter_parquet_batches(src, ["x"], X_BATCH_BYTES)) if "x" in names else None
     rows = rows_frame(table, meta["n_attrs"], x)
     frames = {
@@ -597,8 +659,10 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
         "split_stats": split_stats_frame(
             rows, meta["n_classes"] * meta["n_attrs"], meta.get("split_groups"), meta.get("published_counts")
         ),
+        "file": file_frame(raw_meta),
     }
-    checks = build_checks(meta, cfg)
+    expected = {"dataset": dataset, **({"kind": kind} if kind is not None else {})}
+    checks = build_checks(meta, cfg, expected, [c for c in UNIQUE_IF_PRESENT if c in names])
     out, docs, failed = (
         validated_path(dataset),
         data_docs_dir(dataset),
@@ -611,6 +675,10 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
     staging = Path(tempfile.mkdtemp(prefix=temp_prefix(docs), suffix=".tmp", dir=docs.parent))
     try:
         records = run_suite(frames, checks, dataset, staging / "site")
+        for r in records:
+            if not r["success"] and r["name"] in GROUP_CHECKS:
+                split, least = GROUP_CHECKS[r["name"]](cfg)
+                r["detail"] = group_shortfall(rows, meta, split, least)
         n_failed = sum(not r["success"] for r in records)
         separation = meta["separation"]
         regime = (
@@ -648,6 +716,37 @@ def validate(dataset: str, cfg: ValidateConfig) -> str:
     )
 
 
+# The group expectations, by name: (split, least count per group) for the failure's detail.
+GROUP_CHECKS: dict[str, Callable[[ValidateConfig], tuple[str, int]]] = {
+    "groups_present[train]": lambda cfg: ("train", 1),
+    **{f"min_group_count[{s}]": (lambda cfg, s=s: (s, cfg.min_group_count)) for s in GROUP_COUNT_SPLITS},
+}
+MAX_GROUPS_LISTED = 8
+
+
+def group_shortfall(rows: Any, meta: Mapping[str, Any], split: str, least: int) -> str:
+    """Which groups of `split` have fewer than `least` rows, by name, and any class it lacks.
+
+    The groups are those the metadata declares for the split (`split_groups`, else all
+    n_classes × n_attrs). "" when the frame lacks the columns to say (another expectation names that).
+    """
+    if not {"split", "g", "y"} <= set(rows.columns):
+        return ""
+    n_attrs, n_classes = meta["n_attrs"], meta["n_classes"]
+    part = rows[rows["split"] == split]
+    counts = part["g"].value_counts()
+    declared = meta.get("split_groups", {}).get(split) if meta.get("split_groups") else None
+    groups = declared if declared is not None else range(n_classes * n_attrs)
+    short = [(g, int(counts.get(g, 0))) for g in groups if int(counts.get(g, 0)) < least]
+    parts = [f"{split} has {n} example(s) of group g={g} (y={g // n_attrs}, a={g % n_attrs})" for g, n in short[:MAX_GROUPS_LISTED]]
+    if len(short) > MAX_GROUPS_LISTED:
+        parts.append(f"and {len(short) - MAX_GROUPS_LISTED} more group(s)")
+    present = set(part["y"].tolist())
+    classes = sorted({g // n_attrs for g in groups})
+    parts += [f"{split} has no example of class y={c}" for c in classes if c not in present]
+    return "; ".join(parts)
+
+
 def _swap_dir(new: Path, target: Path, scratch: Path) -> None:
     """Put folder `new` at `target`: two renames on the same filesystem, the old one deleted after."""
     old = scratch / "old"
@@ -658,7 +757,8 @@ def _swap_dir(new: Path, target: Path, scratch: Path) -> None:
 
 
 def run(params: Any, dataset: str) -> str:
-    return validate(dataset, section(params, "validate", ValidateConfig))
+    kind = OmegaConf.select(params, f"dataset.{dataset}.kind")
+    return validate(dataset, section(params, "validate", ValidateConfig), None if kind is None else str(kind))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

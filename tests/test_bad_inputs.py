@@ -36,7 +36,7 @@ M = model_dir(DS, "erm", 0) / "model.safetensors"
 FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]"]
 # Exact group counts (g = 2y + a; groups 0 and 3 agree): P(a == y) is 0.9 in train/val/test_id, 0.1 in test_ood.
 COUNTS = {"train": (90, 10, 10, 90), "val": (45, 5, 5, 45), "test_id": (45, 5, 5, 45), "test_ood": (5, 45, 45, 5)}
-META = {"dataset": DS, "kind": "tiny_test", "n_classes": 2, "n_attrs": 2, "shape": [4], "rho_train": 0.9, "rho_ood": 0.1,
+META = {"dataset": DS, "kind": DS, "n_classes": 2, "n_attrs": 2, "shape": [4], "rho_train": 0.9, "rho_ood": 0.1,
         "params": {}}
 
 
@@ -87,6 +87,14 @@ def drop_split(name: str) -> Callable[[dict[str, np.ndarray]], None]:
 def drop_group(split: str, group: int) -> Callable[[dict[str, np.ndarray]], None]:
     def change(cols: dict[str, np.ndarray]) -> None:
         keep = ~((cols["split"] == split) & (cols["g"] == group))
+        for k in list(cols):
+            cols[k] = cols[k][keep]
+    return change
+
+
+def drop_class(split: str, y: int) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(cols: dict[str, np.ndarray]) -> None:
+        keep = ~((cols["split"] == split) & (cols["y"] == y))
         for k in list(cols):
             cols[k] = cols[k][keep]
     return change
@@ -165,6 +173,16 @@ def drop_csv_column(name: str) -> Callable[[list[str], list[list[object]]], None
 def set_csv(row: int, column: str, value: object) -> Callable[[list[str], list[list[object]]], None]:
     def change(header: list[str], rows: list[list[object]]) -> None:
         rows[row - 1][header.index(column)] = value
+    return change
+
+
+def duplicate_csv_row(row: int, **changes: object) -> Callable[[list[str], list[list[object]]], None]:
+    """Append a copy of data row `row` (1-based) with `changes` (column -> value)."""
+    def change(header: list[str], rows: list[list[object]]) -> None:
+        copy = list(rows[row - 1])
+        for column, value in changes.items():
+            copy[header.index(column)] = value
+        rows.append(copy)
     return change
 
 
@@ -258,6 +276,12 @@ CASES = [
     Case("empty-split", "prepared", *TRAIN, rewrite(drop_split("val")), (str(P), "split 'val' has no rows")),
     Case("empty-split-validate", "prepared", *VALIDATE, rewrite(drop_split("test_id")), (str(P), "min_group_count[test_id]")),
     Case("prepared-file-missing", "prepared", *TRAIN, lambda: P.unlink(), (str(P), "not found", "python -m stages.prepare")),
+    Case("class-missing-from-train", "prepared", *VALIDATE, rewrite(drop_class("train", 1)),
+         (str(P), "groups_present[train]", "train has 0 example(s) of group g=2 (y=1, a=0)", "train has no example of class y=1")),
+    Case("group-missing-from-train", "prepared", *VALIDATE, rewrite(drop_group("train", 1)),
+         (str(P), "groups_present[train]", "train has 0 example(s) of group g=1 (y=0, a=1)")),
+    Case("another-datasets-file", "prepared", *VALIDATE, rewrite(lambda c: None, dataset="colored_digits", kind="colored_digits"),
+         (str(P), "metadata[dataset]", "metadata[kind]", "'colored_digits'")),
     # config
     Case("unknown-key-override", "config", "train", (DS, "erm", "0", "method.erm.lrr=0.1"), None, ("method.erm.lrr", "unknown key")),
     Case("unknown-key-in-params-yaml", "config", *TRAIN, edit_params("    lr: 0.001\n", "    lr: 0.001\n    lrr: 0.1\n"), ("method.erm.lrr",)),
@@ -271,6 +295,12 @@ CASES = [
     Case("experiment-that-does-not-exist", "config", "config", ("compose", "experiment=nope"), None, ("experiment/nope", "tiny")),
     Case("unknown-method", "config", "train", (DS, "nope", "0"), None, ("method.nope", "known")),
     Case("seed-not-an-integer", "config", "train", (DS, "erm", "zero"), None, ("seed", "zero")),
+    Case("compose-invalid-value", "config", "config", ("compose", "method.erm.lr=abc"), None,
+         ("method.erm.lr", "'abc'", "params.yaml is not written")),
+    Case("infinite-learning-rate", "config", "train", (DS, "erm", "0", "method.erm.lr=inf"), None, ("method.erm.lr", "finite")),
+    # training
+    Case("non-finite-loss", "training", "train", (DS, "erm", "0", *FAST, "method.erm.lr=1e30"), None,
+         ("train@gaussian_shortcut-erm-0", "non-finite loss (nan) at epoch 1, batch 2", "method.erm.lr")),
     # raw data (the real-benchmark loaders of stages/datasets)
     Case("raw-folder-missing", "raw", "prepare", ("waterbirds",), None, ("data/raw/waterbirds", "not found", "docs/datasets.md")),
     Case("raw-metadata-column-missing", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(drop_csv_column("place")),
@@ -279,6 +309,10 @@ CASES = [
          (str(image_of_row(5)), "cannot decode the image", "row 5 of the metadata CSV", "on_bad_image=skip")),
     Case("raw-label-out-of-domain", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(set_csv(3, "y", 2)),
          (str(WB_CSV), "row 3 (line 4)", "column 'y' is '2'", "expected an integer in [0, 1]")),
+    Case("raw-image-in-two-splits", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(duplicate_csv_row(1, img_id=999, split=2)),
+         (str(WB_CSV), "rows 1 and 35 (lines 2 and 36)", "img_filename", str(waterbirds_rows()[0][1]), "split train and split test")),
+    Case("raw-duplicate-id", "raw", "prepare", ("waterbirds", *WB_FAST), waterbirds(set_csv(4, "img_id", 1)),
+         (str(WB_CSV), "rows 1 and 4 (lines 2 and 5)", "img_id")),
     # the inspect CLI (python -m pipeline.inspect)
     Case("inspect-folder-without-artifacts", "inspect", "inspect", (str(INSPECTED),), lambda: INSPECTED.mkdir(parents=True),
          (str(INSPECTED), "no artifacts here")),
@@ -320,7 +354,9 @@ def base(tmp_path_factory) -> Path:
         rewrite(lambda c: None)()
         assert validate.main([DS]) == 0
         assert train.main([DS, "erm", "0", *FAST]) == 0
-        assert evaluate.main([DS, "erm", "0"]) == 0
+        # META's kind is the real one (validate checks it against params.yaml) but its generator
+        # params are empty: no regenerated shift curve
+        assert evaluate.main([DS, "erm", "0", "evaluate.shift_regenerate_n=0"]) == 0
         (root / pretrained_dir(DS)).mkdir(parents=True)
     finally:
         os.chdir(cwd)

@@ -319,3 +319,22 @@ def test_live_log_streams_lines_and_throttles_progress_bars(monkeypatch):
     live("Updating lock file 'dvc.lock'")
     live.flush()
     assert logged[-3:] == ["epoch 6/100", "train: wrote data/models/x", "Updating lock file 'dvc.lock'"]
+
+
+def test_push_retries_with_exponential_backoff_unless_the_config_is_at_fault():
+    """The flow's one network operation is retried (configuration only: nothing is pushed)."""
+    from prefect.states import Failed
+
+    from pipeline import flows
+
+    task = flows.push_outputs
+    assert task.retries == flows.PUSH_RETRIES >= 2
+    delays = task.retry_delay_seconds
+    assert len(delays) == task.retries and delays[0] >= 1
+    assert all(b == 2 * a for a, b in zip(delays, delays[1:], strict=False))  # exponential
+    assert task.retry_jitter_factor
+    dropped = flows.StageFailed("dvc push: exited 1\nERROR: failed to push data to the cloud - Connection reset by peer")
+    no_remote = flows.StageFailed("dvc push: exited 1\nERROR: failed to push data to the cloud - config file error: "
+                                  "no remote specified in /repo. Create a default remote with")
+    assert task.retry_condition_fn(task, None, Failed(data=dropped))
+    assert not task.retry_condition_fn(task, None, Failed(data=no_remote))

@@ -209,7 +209,7 @@ def test_missing_group_exits_2_naming_split_and_group(
         == 2
     )
     err = capsys.readouterr().err
-    assert "split 'val'" in err and "g=1 (y=0, a=1)" in err
+    assert "split 'train'" in err and "g=1 (y=0, a=1)" in err  # train is checked first, then val, test_id, test_ood
     assert not (workdir / "data/prepared/gaussian_shortcut.parquet").exists()
 
 

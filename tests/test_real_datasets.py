@@ -330,6 +330,53 @@ def test_label_outside_its_domain_names_the_row(
     assert f"{path}: row 3 (line 4): column '{column}' is" in err and value in err
 
 
+@pytest.mark.parametrize(
+    ("dataset", "file", "changes", "same"),
+    [
+        ("waterbirds", "metadata.csv", {"img_id": "999", "split": "2"}, "img_filename"),  # another id, the test split
+        ("celeba", "list_eval_partition.csv", {"partition": "2"}, "image_id"),
+        ("celeba", "list_attr_celeba.csv", {}, "image_id"),
+        ("camelyon17", "metadata.csv", {"": "999", "split": "1"}, "patch file"),
+        ("civilcomments", "all_data_with_identities.csv", {"split": "test"}, "id"),
+    ],
+)
+def test_a_source_listed_twice_is_an_error_naming_both_rows(
+    dataset: str, file: str, changes: dict[str, str], same: str, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One example in two rows (here: row 1 appended again, possibly with another split) would put
+    # the same image or comment in train and a test split.
+    root = raw_dir(dataset)
+    path = root / file
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    copy = list(rows[1])
+    for column, value in changes.items():
+        copy[rows[0].index(column)] = value
+    _write_csv(path, rows[0], [*rows[1:], copy])
+    assert prepare(dataset) == 2
+    err = capsys.readouterr().err
+    n = len(rows)  # the appended copy is data row n
+    assert f"{path}: rows 1 and {n} (lines 2 and {n + 1}) have the same {same} " in err, err
+    assert "repeat an earlier one" in err and err.count("\n") == 1
+    if changes.get("split") or changes.get("partition"):
+        assert "one source in two splits" in err
+    assert not artifacts.prepared_path(dataset).exists()
+
+
+def test_a_raw_train_split_without_a_group_names_the_file_split_and_group(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = raw_dir("waterbirds")
+    path = root / "metadata.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header = rows[0]
+    # every official-train waterbird on land (y=1, place=0) leaves train and test_id without group 2
+    kept = [r for r in rows[1:] if not (r[header.index("split")] == "0" and r[header.index("y")] == "1" and r[header.index("place")] == "0")]
+    _write_csv(path, header, kept)
+    assert prepare("waterbirds") == 2
+    err = capsys.readouterr().err
+    assert f"{path}: split 'train' has no example of group g=2 (y=1, a=0)" in err, err
+
+
 def test_undecodable_image_is_an_error_naming_file_and_row(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = raw_dir("waterbirds")
     bad = sorted(root.rglob("*.jpg"))[5]

@@ -202,6 +202,11 @@ def _no_shift(c):
     c.update(make_columns({**COUNTS, "test_ood": COUNTS["train"]}))
 
 
+def _train_without_a_group(c):
+    # group 2 (y=1, a=0) absent from train; the others keep train's agreement rate at 0.75
+    c.update(make_columns({**COUNTS, "train": (3, 2, 0, 3)}))
+
+
 @pytest.mark.parametrize(
     ("breakage", "failing", "detail"),
     [
@@ -211,6 +216,7 @@ def _no_shift(c):
         (_duplicate_id, "id_unique", "column id"),
         (_inconsistent_g, "g_consistent", "expect_column_pair_values_to_be_equal"),
         (_no_shift, "ood_shifted", "observed 0.0"),
+        (_train_without_a_group, "groups_present[train]", "train has 0 example(s) of group g=2 (y=1, a=0)"),
     ],
 )
 def test_broken_data_fails_and_keeps_previous_outputs(workdir, capsys, breakage, failing, detail):
@@ -233,6 +239,42 @@ def test_broken_data_fails_and_keeps_previous_outputs(workdir, capsys, breakage,
     # the next successful run clears the stale failure report
     assert stage.main(["toy"]) == 0
     assert not validated_path("toy").with_suffix(".failed.json").exists()
+
+
+def failing(dataset: str) -> list[str]:
+    """The names of the expectations the last (failed) run of `dataset` failed."""
+    report = json.loads(validated_path(dataset).with_suffix(".failed.json").read_text())
+    return [e["name"] for e in report["expectations"] if not e["success"]]
+
+
+def test_a_file_prepared_for_another_dataset_or_kind_fails(workdir, capsys):
+    # the metadata names the dataset prepare was asked for: a file copied over another's fails
+    cols = make_columns()
+    write_parquet(contract_table(cols, numpy_to_fixed_list(cols["x"])), prepared_path("ident"), prepared_schema(DIM),
+                  {"dataset": "other", **BASE_META, "params": {}})
+    assert stage.main(["ident"]) == 2
+    assert failing("ident") == ["metadata[dataset]"]
+    assert "e.g. ['other']" in capsys.readouterr().err
+    # where params.yaml declares the dataset's kind, the file's must be the same
+    Path("kinds.yaml").write_text(PARAMS + "dataset:\n  ident:\n    kind: gaussian_shortcut\n")
+    write_prepared("ident", make_columns())  # kind "test"
+    assert stage.main(["ident", "--params", "kinds.yaml"]) == 2
+    assert failing("ident") == ["metadata[kind]"]
+    err = capsys.readouterr().err
+    assert "e.g. ['test']" in err and "value_set=['gaussian_shortcut']" in err
+    write_prepared("ident", make_columns(), kind="gaussian_shortcut")
+    assert stage.main(["ident", "--params", "kinds.yaml"]) == 0
+
+
+def test_an_image_file_listed_twice_fails(workdir):
+    cols = make_columns()
+    files = [f"img/{i:03d}.jpg" for i in range(len(cols["id"]))]
+    files[40] = files[1]  # a train image again, in val
+    table = contract_table(cols, numpy_to_fixed_list(cols["x"])).append_column("file", pa.array(files, pa.string()))
+    write_parquet(table, prepared_path("files"), table.schema, {"dataset": "files", **BASE_META, "params": {}})
+    assert stage.main(["files"]) == 2
+    bad = [e for e in report_of("files")["expectations"] if not e["success"]]
+    assert [e["name"] for e in bad] == ["file_unique"] and bad[0]["unexpected_rows"] == [1, 40]
 
 
 def test_missing_metadata_key_is_a_clear_error(workdir, capsys):
@@ -290,11 +332,13 @@ def write_pixels_streamed(dataset: str, table: pa.Table, row_group_size: int) ->
 
 
 def report_of(dataset: str) -> dict:
-    """The expectations and metadata of the last run's report, passing or failing."""
+    """The expectations and metadata of the last run's report, passing or failing, without the
+    file-identity expectations (`metadata[...]`, which name the dataset)."""
     path = validated_path(dataset)
     failed = path.with_suffix(".failed.json")
     report = json.loads((failed if failed.exists() else path).read_text())
-    return {"expectations": report["expectations"], "metadata": report["metadata"]}
+    expectations = [e for e in report["expectations"] if not e["name"].startswith("metadata[")]
+    return {"expectations": expectations, "metadata": report["metadata"]}
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["valid", "duplicate-id-across-row-groups"])

@@ -6,15 +6,22 @@
 - the resolver `${shiftlab.models:${run.methods},${run.teachers}}`: every method and the
   student of every teacher, so `run.models` is derived, never written by hand.
 - the resolver `${shiftlab.dag:${run},${dataset},${method},${phase}}`: params.yaml's `dag` section,
-  the items of dvc.yaml's stages with the code each runs (stages/dag.py).
+  the items of dvc.yaml's stages with the code each runs (stages/dag.py). It first validates
+  the whole composed config (`stages.config.check_composed`, every section against its
+  schema): DVC's `compose_and_dump` resolves the config before it writes params.yaml, so a
+  bad override (`dvc exp run -S method.erm.lr=abc`) stops `dvc exp run` there, with
+  params.yaml as it was and no stage run, hence no output deleted.
 
-DVC runs Hydra in its own process, so this file imports nothing from the project but
-stages/dag.py, which imports nothing itself.
+DVC runs Hydra in its own process, with the project not on sys.path: stages/dag.py (which
+imports nothing itself) is loaded by file, and the check imports `stages.config` with the
+project root put on sys.path for the import only.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +36,9 @@ _ROOT = [Path(__file__).resolve().parents[2]]
 
 
 def register(conf: Path) -> None:
-    """(Re)register `shiftlab_groups` from the YAML files under `conf` (the project is its parent)."""
-    _ROOT[0] = conf.parent
+    """(Re)register `shiftlab_groups` from the YAML files under `conf` (the project is its parent;
+    a conf/ copied on its own, without the project's code beside it, keeps this plugin's project)."""
+    _ROOT[0] = conf.parent if (conf.parent / "stages" / "dag.py").is_file() else Path(__file__).resolve().parents[2]
     defaults = [
         {f"/{group}@{group}.{path.stem}": path.stem}
         for group in GROUPS
@@ -44,14 +52,44 @@ def models(methods: ListConfig, teachers: ListConfig) -> ListConfig:
     return OmegaConf.create([*methods, *(f"{t}{STUDENT_SUFFIX}" for t in teachers)])
 
 
-def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictConfig) -> DictConfig:
-    """params.yaml's `dag` section (stages/dag.py `plan`)."""
+def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictConfig, *, _root_: DictConfig) -> DictConfig:
+    """params.yaml's `dag` section (stages/dag.py `plan`), once the whole config is valid (`check`)."""
     root = _ROOT[0]
+    check(_root_, root)
     spec = importlib.util.spec_from_file_location("shiftlab_dag", root / "stages" / "dag.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     plain: Any = OmegaConf.to_container
     return OmegaConf.create(module.plan(plain(run, resolve=True), plain(datasets), plain(methods), plain(phase), root))
+
+
+def check(config: DictConfig, root: Path) -> None:
+    """Validate the composed `config` (all but `dag`, which is being resolved) with the project's
+    `stages.config.check_composed`; a ConfigError says what is wrong in one line.
+
+    In a Python without the project's dependencies (a DVC installed on its own) the check cannot
+    run: it says so on stderr and lets composition go on (each stage still checks its section).
+    """
+    plain = {k: v for k, v in OmegaConf.to_container(config, resolve=False).items() if k != "dag"}  # type: ignore[union-attr]
+    composed = OmegaConf.create(plain)
+    OmegaConf.resolve(composed)
+    path = str(root)
+    sys.path.insert(0, path)
+    try:
+        config_module: Any = importlib.import_module("stages.config")
+    except (ImportError, SystemExit) as e:  # stages/__init__.py exits naming the packages it lacks
+        print(f"shiftlab: cannot check the composed config in this Python ({e}); run DVC from the project's "
+              f"virtualenv", file=sys.stderr)
+        return
+    finally:
+        sys.path.remove(path)
+    try:
+        config_module.check_composed(composed)
+    except config_module.ConfigError as e:
+        lines = [ln.removeprefix("params.yaml: ") for ln in str(e).splitlines() if ln.strip()]
+        raise config_module.ConfigError(
+            f"{'; '.join(lines)}; the composed config is refused: params.yaml is not written and no stage runs"
+        ) from None
 
 
 register(Path(__file__).resolve().parents[2] / "conf")

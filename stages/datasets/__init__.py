@@ -34,9 +34,8 @@ Columns = dict[str, np.ndarray]
 Generated = tuple[Columns, dict[str, Any]]
 
 # The smallest minority group a split gets when 0 < rho < 1 (if the class has room for it),
-# so every (y, a) group is present in val, test_id and test_ood even at extreme rho.
+# so every (y, a) group is present in every split even at extreme rho.
 MIN_MINORITY = 2
-HELD_OUT_SPLITS = ("val", "test_id", "test_ood")
 
 
 def round_half_up(value: float) -> int:
@@ -104,21 +103,34 @@ def check_groups(
     n_classes: int,
     n_attrs: int,
     split_groups: dict[str, list[int]] | None = None,
+    source: Any = None,
 ) -> None:
-    """Raise ConfigError naming the split and group if any (y, a) group is absent from a held-out split.
+    """Raise an error naming the split and group if any (y, a) group is absent from a split
+    (train included: a class or group missing from train cannot be learnt, and the methods
+    would train and evaluate without a word).
 
     `split_groups` (metadata of domain-shift datasets) lists the groups each split can hold;
-    by default every split must hold every group.
+    by default every split must hold every group. A generated dataset gets a ConfigError
+    (its config made the split too small); with `source` (a real benchmark's raw file) an
+    ArtifactError naming that file.
     """
-    for name in HELD_OUT_SPLITS:
+    for name in SPLITS:
         in_split = split == name
         for yy in range(n_classes):
             for aa in range(n_attrs):
                 if split_groups is not None and yy * n_attrs + aa not in split_groups[name]:
                     continue
-                if not np.any(in_split & (y == yy) & (a == aa)):
-                    raise ConfigError(
-                        f"dataset.{dataset}: split '{name}' has no example of group g={yy * n_attrs + aa} "
-                        f"(y={yy}, a={aa}); use a larger split or a rho strictly between 0 and 1 "
-                        f"(rho_train for val/test_id, rho_ood for test_ood)"
+                if np.any(in_split & (y == yy) & (a == aa)):
+                    continue
+                what = f"split '{name}' has no example of group g={yy * n_attrs + aa} (y={yy}, a={aa})"
+                if source is not None:
+                    from stages.io import ArtifactError
+
+                    raise ArtifactError(
+                        f"{source}: {what} for dataset.{dataset}; the file looks edited or is not the whole "
+                        f"release: re-download it (see docs/datasets.md)"
                     )
+                raise ConfigError(
+                    f"dataset.{dataset}: {what}; use a larger split or a rho strictly between 0 and 1 "
+                    f"(rho_train for train/val/test_id, rho_ood for test_ood)"
+                )

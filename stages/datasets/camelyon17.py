@@ -113,7 +113,11 @@ def load(dataset: str, cfg: Camelyon17Config, out: Path) -> str:
         published_counts=raw.published_check(observed, PUBLISHED, SOURCE),
     )
     files = np.array([patch_path(*t) for t in zip(patient, node, xs, ys, strict=True)], dtype=object)
-    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, center, meta, {"file": files})
+    # One patch (patient, node, x, y) listed twice is one image in two rows, possibly two splits.
+    train_centers = set(cfg.train_centers)
+    where = [("train" if o == 0 else "val") if c in train_centers else f"center {c}" for o, c in zip(official.tolist(), center.tolist(), strict=True)]
+    raw.require_unique(files, "patch file (patient, node, x_coord, y_coord)", csv, where)
+    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, center, meta, {"file": files}, csv)
     return images.write_images(out, plan, root, cfg.resolution, cfg.on_bad_image, cfg.workers)
 
 

@@ -82,8 +82,13 @@ def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
     parts = raw.read_csv(part_csv, ("image_id", "partition"))
     y = (raw.int_column(attrs, cfg.target, attr_csv, (-1, 1)) == 1).astype(np.int64)
     a = (raw.int_column(attrs, cfg.attribute, attr_csv, (-1, 1)) == 1).astype(np.int64)
-    partition = dict(zip(raw.text_column(parts, "image_id"), raw.int_column(parts, "partition", part_csv, tuple(OFFICIAL_SPLITS)), strict=True))
-    files = raw.text_column(attrs, "image_id")
+    part_ids = raw.file_names(raw.text_column(parts, "image_id"))
+    part_splits = raw.int_column(parts, "partition", part_csv, tuple(OFFICIAL_SPLITS))
+    # An image listed twice (in either file) is one face in two rows, possibly two splits.
+    raw.require_unique(part_ids, "image_id", part_csv, [OFFICIAL_SPLITS[int(p)] for p in part_splits])
+    partition = dict(zip(part_ids, part_splits, strict=True))
+    files = raw.file_names(raw.text_column(attrs, "image_id"))
+    raw.require_unique(files, "image_id", attr_csv, [OFFICIAL_SPLITS.get(int(partition.get(f, -1)), "?") for f in files])
     missing = [i for i, f in enumerate(files) if f not in partition]
     if missing:
         raise ArtifactError(
@@ -114,7 +119,7 @@ def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
         raw_checksums={ATTR_FILE: raw.sha256_file(attr_csv), PARTITION_FILE: raw.sha256_file(part_csv)},
         published_counts=published,
     )
-    plan = raw.make_plan(np.arange(len(files), dtype=np.int64), split, y, a, meta, {"file": files})
+    plan = raw.make_plan(np.arange(len(files), dtype=np.int64), split, y, a, meta, {"file": files}, attr_csv)
     folder = image_dir(root)
     if not folder.is_dir():
         raise ArtifactError(f"{folder}: image folder not found; unpack img_align_celeba.zip into {root}/ (see {raw.DOCS})")

@@ -3,7 +3,8 @@
 Raw folder (`dataset.civilcomments.root`, default data/raw/civilcomments/): WILDS'
 `civilcomments_v1.0/all_data_with_identities.csv`, columns `comment_text, toxicity, split`
 (train/val/test) and one [0, 1] score column per identity (`male, female, LGBTQ, christian,
-muslim, other_religions, black, white, ...`; empty = not annotated = 0).
+muslim, other_religions, black, white, ...`; empty = not annotated = 0). Where the file has
+WILDS' `id` column, each id must be unique (a comment listed twice could sit in two splits).
 
     y = toxicity >= threshold,  a = any configured identity >= threshold,  g = 2y + a
     official train -> train
@@ -70,7 +71,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
 
     root = raw.require_dir(cfg.root, dataset, WHERE)
     csv = raw.require_file(root / FILE, dataset, WHERE)
-    df = raw.read_csv(csv, ("comment_text", "toxicity", "split", *cfg.identities))
+    df = raw.read_csv(csv, ("comment_text", "toxicity", "split", *cfg.identities), optional=("id",))
     y = (raw.score_column(df, "toxicity", csv) >= cfg.threshold).astype(np.int64)
     identity = np.stack([raw.score_column(df, c, csv) for c in cfg.identities], axis=1)
     a = (identity >= cfg.threshold).any(axis=1).astype(np.int64)
@@ -82,6 +83,8 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
             f"{csv}: row {i + 1}: column 'split' is {names[i]!r}, expected one of {list(SPLITS)}; "
             f"{int(bad.sum())} row(s) like this. Re-download the file (see {raw.DOCS})"
         )
+    if "id" in df.column_names:  # WILDS' comment id: a comment listed twice could sit in two splits
+        raw.require_unique(raw.text_column(df, "id"), "id", csv, names)
     texts = raw.text_column(df, "comment_text")
     g = y * 2 + a
     observed = {s: [int((names == s).sum())] for s in SPLITS}
@@ -102,7 +105,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
         "raw_checksums": {FILE: raw.sha256_file(csv)},
         "published_counts": raw.published_check(observed, PUBLISHED, SOURCE),
     }
-    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"text": texts})
+    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"text": texts}, csv)
     schema = artifacts.prepared_schema(len(vocab), text=True)
     # The regime, on the bag of words `x` of a bounded sample of train rows as the chunks pass.
     sample, weights = regime.train_sample(plan.split, plan.y, plan.a, 2, cfg.seed)

@@ -50,11 +50,12 @@ def require_file(path: Path, dataset: str, where: str) -> Path:
     return path
 
 
-def read_csv(path: Path, columns: Sequence[str]) -> Any:
+def read_csv(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> Any:
     """The named columns of a CSV file as a pyarrow Table of strings (empty fields are null).
 
-    A missing column names the file and the column. Values are parsed by `int_column`,
-    `score_column` and `text_column`, which name the row of any bad one.
+    A missing column names the file and the column; `optional` columns are read where the
+    file has them. Values are parsed by `int_column`, `score_column` and `text_column`, which
+    name the row of any bad one.
     """
     import csv
 
@@ -72,6 +73,7 @@ def read_csv(path: Path, columns: Sequence[str]) -> Any:
             f"{path}: missing column(s) {missing}; the file has {header[:12]}{' ...' if len(header) > 12 else ''}. "
             f"Is this the right file of the public release? See {DOCS}"
         )
+    columns = [*columns, *(c for c in optional if c in header and c not in columns)]
     try:
         return pacsv.read_csv(
             path,
@@ -137,6 +139,45 @@ def _raise_on_bad(bad: np.ndarray, table: Any, column: str, path: Path, expected
             f"expected {expected}; {len(rows)} row(s) like this. The file looks edited or from "
             f"another release: re-download it (see {DOCS})"
         )
+
+
+def require_unique(
+    values: Sequence[Any] | np.ndarray, what: str, path: Path, splits: Sequence[Any] | np.ndarray | None = None
+) -> None:
+    """ArtifactError naming the file, the two rows and the value when `values` (one per data row
+    of `path`, in file order) repeats one: a source id or file listed twice is the same example
+    twice, and in two splits it would put a training example into a test split.
+
+    `what` names the value in the message (a column, e.g. "img_filename"); `splits`, the official
+    split of each row, is named too.
+    """
+    seen: dict[Any, int] = {}
+    pair: tuple[int, int] | None = None
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    for i, v in enumerate(items):
+        j = seen.setdefault(v, i)
+        if j != i and pair is None:
+            pair = (j, i)
+    if pair is None:
+        return
+    j, i = pair
+    where = ""
+    if splits is not None:
+        sj, si = str(splits[j]), str(splits[i])
+        where = f" (split {sj} and split {si}: one source in two splits leaks it into a test split)" if sj != si else f" (both in split {si})"
+    raise ArtifactError(
+        f"{path}: rows {j + 1} and {i + 1} (lines {j + 2} and {i + 2}) have the same {what} {items[i]!r}{where}; "
+        f"{len(items) - len(seen)} row(s) repeat an earlier one. Each example must be listed once: remove the "
+        f"duplicate rows or re-download the file (see {DOCS})"
+    )
+
+
+def file_names(names: np.ndarray) -> np.ndarray:
+    """Relative file names as written, normalised ("a/./b.jpg", "a//b.jpg" -> "a/b.jpg") so that
+    two spellings of one file compare equal in `require_unique`."""
+    import posixpath
+
+    return np.asarray([posixpath.normpath(str(n)) for n in names], dtype=object)
 
 
 def sha256_file(path: Path) -> str:
@@ -234,11 +275,13 @@ def make_plan(
     a: np.ndarray,
     meta: dict[str, Any],
     extra: Mapping[str, np.ndarray] | None = None,
+    source: Path | None = None,
 ) -> Plan:
     """Keep the rows whose split is one of SPLITS and order them by split, then id.
 
-    Also checks every held-out split holds its groups (naming the split and group if not)
-    and records the split sizes and observed agreement rates P(a == y) in `meta`.
+    Also checks every split holds its groups, train included (an error naming `source`, the
+    raw file the labels came from, the split and the group if not), and records the split
+    sizes and observed agreement rates P(a == y) in `meta`.
     """
     rank = {name: i for i, name in enumerate(SPLITS)}
     split_rank = np.array([rank.get(s, -1) for s in split])
@@ -254,7 +297,8 @@ def make_plan(
         extra={k: np.asarray(v)[order] for k, v in (extra or {}).items()},
     )
     check_groups(
-        meta["dataset"], plan.split, plan.y, plan.a, meta["n_classes"], meta["n_attrs"], meta.get("split_groups")
+        meta["dataset"], plan.split, plan.y, plan.a, meta["n_classes"], meta["n_attrs"], meta.get("split_groups"),
+        source=source,
     )
     plan.meta.update(observed_stats(plan, np.ones(len(plan), dtype=bool)))
     return plan

@@ -1,8 +1,9 @@
 """`waterbirds`: the Waterbirds release `waterbird_complete95_forest2water2` (Sagawa et al., 2020).
 
 Raw folder (`dataset.waterbirds.root`, default data/raw/waterbirds/): `metadata.csv` with
-columns `img_filename, y, split, place` (y = 1 waterbird, place = 1 water background, split
-0/1/2 = train/val/test) and the images at the paths `img_filename` gives.
+columns `img_id, img_filename, y, split, place` (y = 1 waterbird, place = 1 water background,
+split 0/1/2 = train/val/test) and the images at the paths `img_filename` gives. `img_id` and
+`img_filename` must each be unique (a row listed twice would put one image in two splits).
 
     y = y,  a = place,  g = 2y + a
     official train -> train, minus a seeded test_id_frac of each group -> test_id
@@ -44,7 +45,7 @@ WHERE = (
     "https://github.com/kohpangwei/group_DRO (the 'waterbird_complete95_forest2water2' tarball, "
     "https://nlp.stanford.edu/data/dro/waterbird_complete95_forest2water2.tar.gz)"
 )
-COLUMNS = ("img_filename", "y", "split", "place")
+COLUMNS = ("img_id", "img_filename", "y", "split", "place")
 OFFICIAL_SPLITS = {0: "train", 1: "val", 2: "test"}
 # Group counts of the release, per official split, groups g = 2y + place
 # (landbird/land, landbird/water, waterbird/land, waterbird/water).
@@ -67,6 +68,9 @@ def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
     a = raw.int_column(df, "place", csv, (0, 1))
     official = raw.int_column(df, "split", csv, tuple(OFFICIAL_SPLITS))
     names = np.array([OFFICIAL_SPLITS[s] for s in official], dtype=object)
+    files = raw.file_names(raw.text_column(df, "img_filename"))
+    raw.require_unique(raw.int_column(df, "img_id", csv), "img_id", csv, names)
+    raw.require_unique(files, "img_filename", csv, names)
     g = y * 2 + a
     observed = raw.group_counts(names, g, 4, list(PUBLISHED))
     split = np.where(names == "test", "test_ood", names).astype(object)
@@ -82,8 +86,7 @@ def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
         raw_checksums={"metadata.csv": raw.sha256_file(csv)},
         published_counts=raw.published_check(observed, PUBLISHED, SOURCE),
     )
-    files = raw.text_column(df, "img_filename")
-    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"file": files})
+    plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"file": files}, csv)
     return images.write_images(out, plan, root, cfg.resolution, cfg.on_bad_image, cfg.workers)
 
 

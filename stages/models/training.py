@@ -26,6 +26,11 @@ under-training flag (docs/metrics.md). A checkpoint is chosen by a named criteri
     val_worst_group  best val worst-group accuracy      (uses validation groups)
     oracle           best test_ood worst-group accuracy (uses test groups; report only)
 
+A non-finite loss stops training at its first occurrence (`NonFiniteLoss`: the epoch and batch;
+the stage adds the key to change, e.g. method.<name>.lr), before the optimiser steps on it, as do
+non-finite weights at the end of an epoch; `fit_loop` then deletes the stage's checkpoints (a
+resume would only diverge again) and no output is written.
+
 Ties go to the earlier epoch. The selected state_dict is kept in memory; with a
 `stages.checkpoint.Checkpointer` the whole loop state (model, optimiser, loss state, RNGs,
 history, best-so-far) is also written every few epochs and on SIGINT/SIGTERM, and a re-run
@@ -292,6 +297,34 @@ def convergence(
 # ---- the loop --------------------------------------------------------------------------------
 
 
+class NonFiniteLoss(ArtifactError):
+    """Training diverged: a minibatch loss (or, after an epoch, a weight) is NaN or inf.
+
+    `run_epoch` raises it with the value and the 1-based batch; `fit_loop` (or the stage's own
+    epoch loop) sets `epoch`, and the stage `where` (its DVC name) and `key` (the learning-rate
+    key to change) before it reaches the user as one line.
+    """
+
+    def __init__(self, value: float, batch: int, what: str = "loss") -> None:
+        super().__init__(what)
+        self.value, self.batch, self.what = value, batch, what
+        self.epoch: int | None = None
+        self.where = ""
+        self.key = ""
+        self.lr: float | None = None
+        self.checkpoints_deleted = False
+
+    def __str__(self) -> str:
+        where = f"{self.where}: " if self.where else ""
+        at = f"epoch {self.epoch}, batch {self.batch}" if self.epoch is not None else f"batch {self.batch}"
+        change = f"lower {self.key}" + (f" (now {self.lr:g})" if self.lr is not None else "") if self.key else "lower the learning rate"
+        kept = " and this run's checkpoints were deleted" if self.checkpoints_deleted else ""
+        return (
+            f"{where}non-finite {self.what} ({self.value}) at {at}; training diverged: {change} and run again "
+            f"(no output was written{kept})"
+        )
+
+
 @dataclass
 class FitOptions:
     """Optimisation and selection settings of `fit_loop` (any minibatch-trained method, distill)."""
@@ -334,7 +367,9 @@ def run_epoch(
     """One pass over `data` in a seeded random order; returns the mean batch loss.
 
     `data` maps names to tensors with the same first dimension; each step receives the
-    batch as a dict of the same names.
+    batch as a dict of the same names. A non-finite batch loss raises `NonFiniteLoss` before the
+    optimiser steps on it; so do non-finite weights at the end of the pass (a last step that
+    diverged), so no caller ever scores or checkpoints NaN weights.
     """
     n = len(next(iter(data.values())))
     order = torch.randperm(n, generator=generator)
@@ -342,11 +377,20 @@ def run_epoch(
     for i in range(0, n, batch_size):
         idx = order[i : i + batch_size]
         loss = batch_loss({k: v[idx] for k, v in data.items()})
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(value, steps + 1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total += loss.item()
+        total += value
         steps += 1
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if not bool(torch.isfinite(p).all()):
+                    bad = p[~torch.isfinite(p)].flatten()[0].item()
+                    raise NonFiniteLoss(bad, steps, what="weights")
     return total / max(steps, 1)
 
 
@@ -443,17 +487,27 @@ def fit_loop(
         bar = progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch")
         for epoch in bar:
             model.train()
-            objective: dict[str, float | None] = {"train": run_epoch(train, step, optimizer, opts.batch_size, generator)}
+            try:
+                loss = run_epoch(train, step, optimizer, opts.batch_size, generator)
+            except NonFiniteLoss as e:
+                e.epoch = epoch
+                if checkpoint is not None:  # resuming would diverge again: start over next time
+                    checkpoint.clear()
+                    e.checkpoints_deleted = True
+                raise
+            objective: dict[str, float | None] = {"train": loss}
             scored = epoch % eval_every == 0 or epoch == opts.epochs
             metrics = evaluate() if scored else {}
             if "val" in splits:
                 given = metrics["val"].pop("objective", None) if "val" in metrics else None
                 objective["val"] = given if given is not None else val_objective() if val_objective is not None else None
             rows += history_rows(epoch, metrics, objective)
+            status = [f"loss {objective['train']:.4f}"]
+            if "val" in metrics:
+                val = metrics["val"]
+                status.append(f"val acc {val['acc']:.3f}, worst-group {val['worst_group_acc']:.3f}")
+            bar.set_postfix_str(", ".join(status), refresh=False)
             if scored:
-                if "val" in metrics:
-                    val = metrics["val"]
-                    bar.set_postfix_str(f"val acc {val['acc']:.3f}, worst-group {val['worst_group_acc']:.3f}", refresh=False)
                 score = metrics[split_name][metric]
                 if best is None or score > best[0]:
                     best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
