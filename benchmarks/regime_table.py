@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_repro import copy_repo
+from stages.regime import expected_use
 
 DATASETS = ["gaussian_shortcut", "colored_digits", "mnist1d_shortcut"]
 METHODS = ["lda", "qda", "diffusion", "autoregressive", "erm", "groupdro"]
@@ -57,15 +58,9 @@ def _num(v: float | None) -> str:
 
 
 def predicted(sep: dict[str, float | None]) -> str:
-    """The direction the separations predict for a likelihood classifier's shortcut use (short
-    form of `stages.regime.predicted_direction`)."""
-    if sep["cue"] is None or sep["core"] is None:
-        return "none (not recorded)"
-    if sep["cue"] > sep["core"]:
-        return "generative uses the shortcut more"
-    if sep["cue"] < sep["core"]:
-        return "generative uses the shortcut less"
-    return "no prediction (equal)"
+    """The direction the separations predict (`stages.regime.expected_use`), in a few words."""
+    use = expected_use(sep)
+    return "none (not recorded)" if use is None else f"generative uses the shortcut {use}"
 
 
 def observed(regime: dict[str, float]) -> str:

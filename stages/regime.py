@@ -214,17 +214,22 @@ def parse_separation(value: Any) -> dict[str, float | None] | None:
         raise ValueError(f"file metadata 'separation' has a malformed value ({e})") from None
 
 
-def predicted_direction(sep: Mapping[str, Any] | None) -> str:
-    """What the separation predicts about generative against discriminative classifiers."""
+def expected_use(sep: Mapping[str, Any] | None) -> str | None:
+    """How much a likelihood classifier is expected to use the shortcut against a discriminative
+    one: "more" (cue > core), "less" (cue < core), "about as much", or None when unknown."""
     cue = None if sep is None else sep.get("cue")
     core = None if sep is None else sep.get("core")
     if cue is None or core is None:
+        return None
+    return "more" if cue > core else "less" if cue < core else "about as much"
+
+
+def predicted_direction(sep: Mapping[str, Any] | None) -> str:
+    """What the separation predicts about generative against discriminative classifiers."""
+    use = expected_use(sep)
+    if use is None:
         return "no prediction: the separation of the cue or of the core is unknown"
-    if cue > core:
-        return "a likelihood (generative) classifier is expected to use the shortcut more than a discriminative one"
-    if cue < core:
-        return "a likelihood (generative) classifier is expected to use the shortcut less than a discriminative one"
-    return "a likelihood (generative) classifier is expected to use the shortcut about as much as a discriminative one"
+    return f"a likelihood (generative) classifier is expected to use the shortcut {use} {'as' if use == 'about as much' else 'than'} a discriminative one"
 
 
 def describe(sep: Mapping[str, Any] | None) -> str:

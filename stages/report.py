@@ -55,6 +55,7 @@ from stages.metrics import (
     robustness_baseline,
     softmax,
 )
+from stages.regime import describe, expected_use, parse_separation
 from stages.settings import STUDENT_SUFFIX, EvaluateConfig, RunConfig
 from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
 
@@ -393,8 +394,6 @@ def regime_note(
     observed: the ID→OOD accuracy drop of the generative models against the discriminative
     reference family (`evaluate.er_reference`, as for effective robustness). Returns the
     markdown line and its numbers for summary.json."""
-    from stages.regime import describe
-
     numbers: dict[str, Any] = {}
     if separation is None:
         head = ("**Regime**: not recorded (the prepared file predates `separation`; "
@@ -415,10 +414,9 @@ def regime_note(
 
     observed = "more" if gen > disc else "less" if gen < disc else "as much"
     verdict = ""
-    if separation is not None and None not in (separation.get("cue"), separation.get("core")) and observed != "as much":
-        expected = "more" if separation["cue"] > separation["core"] else "less" if separation["cue"] < separation["core"] else None
-        if expected is not None:
-            verdict = " — as predicted." if expected == observed else " — contrary to the prediction."
+    expected = expected_use(separation)
+    if expected in ("more", "less") and observed != "as much":
+        verdict = " — as predicted." if expected == observed else " — contrary to the prediction."
     text = (
         f"{head} **Observed** (ID→OOD accuracy drop, seed mean): generative {gen:.3f} ({listing(generative)}) "
         f"vs discriminative reference {disc:.3f} ({listing(ref)}): the generative classifiers lost {observed}"
@@ -1001,8 +999,6 @@ def load_phase(path: Path = PHASE_PATH) -> list[dict[str, Any]]:
 
 def load_regime(dataset: str) -> tuple[dict[str, Any] | None, str | None]:
     """(separation, separation_source) from the prepared file's metadata (None, None when absent)."""
-    from stages.regime import parse_separation
-
     path = prepared_path(dataset)
     meta = read_metadata(path)
     try:

@@ -412,6 +412,18 @@ def _run_params(tmp_path: Path) -> Path:
     return params
 
 
+def fake_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as the repo: every fake run's metrics and predictions, the prepared files'
+    regimes, and params.yaml (returned)."""
+    monkeypatch.chdir(tmp_path)
+    params = _run_params(tmp_path)
+    for r in RUNS:
+        write_json(fake_metrics(*r), metrics_path(*r))
+        write_fake_predictions(*r)
+    write_fake_prepared_regimes()
+    return params
+
+
 def _report_args(params: Path) -> list[str]:
     return [
         "--params",
@@ -427,12 +439,7 @@ def _report_args(params: Path) -> list[str]:
 def test_report_run_writes_deterministic_outputs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    params = _run_params(tmp_path)
-    for r in RUNS:
-        write_json(fake_metrics(*r), metrics_path(*r))
-        write_fake_predictions(*r)
-    write_fake_prepared_regimes()
+    params = fake_run(tmp_path, monkeypatch)
     assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=50"]) == 0
     out = Path("data/reports")
     files = [
@@ -469,12 +476,7 @@ def write_fake_prepared_regimes() -> None:
 def test_report_states_each_datasets_regime_and_what_was_observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The regime line: the prepared file's separation, the direction it predicts, and the
     generative models' ID→OOD drop against the discriminative reference, with the verdict."""
-    monkeypatch.chdir(tmp_path)
-    params = _run_params(tmp_path)
-    for r in RUNS:
-        write_json(fake_metrics(*r), metrics_path(*r))
-        write_fake_predictions(*r)
-    write_fake_prepared_regimes()
+    params = fake_run(tmp_path, monkeypatch)
     assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=0", "evaluate.er_reference=[erm]"]) == 0
     md = Path("data/reports/report.md").read_text()
     summary = json.loads(Path("data/reports/summary.json").read_text())

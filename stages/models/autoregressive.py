@@ -372,8 +372,7 @@ def train_autoregressive(
     opts = GenerativeFitOptions.from_config(cfg)
     result = fit_generative(model, splits, model.loss, scorer, opts, generator, desc, checkpoint=checkpoint,
                             val_objective=lambda s: model.token_nll(s.x, s.y))
-    model.load_state_dict(result.state_dict)
-    return model.eval(), result
+    return model, result
 
 
 def train(job: Any) -> Any:

@@ -540,8 +540,7 @@ def train_diffusion(
     opts = GenerativeFitOptions.from_config(cfg)
     result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint,
                             val_objective=lambda s: model.denoising_loss(s.x, s.y))
-    model.load_state_dict(result.state_dict)
-    return model.eval(), result
+    return model, result
 
 
 def train(job: Any) -> Any:

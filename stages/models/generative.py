@@ -17,7 +17,6 @@ pass, no per-class scoring, on fixed draws where the loss is stochastic.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -93,10 +92,10 @@ def fit_generative(
     After every epoch `val_objective(splits["val"])` (in eval mode) is val's `objective` in
     history: it must be deterministic and draw from no shared RNG (it runs between epochs).
 
-    `model` is left holding its last-epoch weights, in eval mode; the selected ones are in
-    the result. With `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is
-    `training.fit_loop`); `batch_loss` may draw from `generator` (e.g. a denoiser's t and ε), whose
-    state the checkpoint carries.
+    `model` is left holding the selected weights (also in the result), in eval mode. With
+    `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is
+    `training.fit_loop`); `batch_loss` may draw from `generator` (e.g. a denoiser's t and ε),
+    whose state the checkpoint carries.
     """
     @torch.no_grad()
     def score(names: list[str]) -> dict[str, dict[str, float]]:
@@ -120,12 +119,10 @@ def fit_generative(
     result = fit_loop(model, splits, train, batch_loss, evaluate, opts, generator, desc=desc, checkpoint=checkpoint,
                       eval_every=opts.eval_every,
                       val_objective=objective if val_objective is not None and "val" in splits else None)
+    model.load_state_dict(result.state_dict)
     rest = [name for name in splits if name not in during]
     if rest:
-        last = copy.deepcopy(model.state_dict())
-        model.load_state_dict(result.state_dict)
         result.selected_metrics = {**result.selected_metrics, **score(rest)}
-        model.load_state_dict(last)
     model.eval()
     return result
 
