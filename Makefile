@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make repro   — set up .venv, then run the whole DAG (`dvc repro`) on the built-in data
+#   make repro   — set up .venv, then run the whole DAG (stages in parallel, recorded by DVC) on the built-in data
 #   make test    — set up .venv, then run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -31,11 +31,14 @@ $(STAMP): requirements.lock
 	$(VENV)/bin/dvc config core.check_update false
 	$(VENV)/bin/dvc config hydra.enabled true
 
-# On failure, put the last good outputs back from DVC's cache (DVC removed them before running).
-# One run per workspace (pipeline/lock.py): a second `make repro` fails fast naming the running
-# one; `make repro WAIT=1` queues behind it instead.
+# The DAG through the Prefect flow (pipeline/flows.py): independent stages run at once, up to
+# JOBS (default: the cores available), each recorded by DVC exactly as `dvc repro` records it
+# (pipeline/parallel.py); `dvc repro` stays the plain serial path to the same outputs. No server
+# needed (Prefect starts a temporary one). On failure the flow puts the last good outputs back
+# from DVC's cache. One run per workspace (pipeline/lock.py): a second `make repro` fails fast
+# naming the running one; `make repro WAIT=1` queues behind it instead.
 repro: setup check
-	$(PY) -m pipeline.lock $(if $(filter 1 yes true,$(WAIT)),--wait) -- bash -c '$(VENV)/bin/dvc repro || { $(VENV)/bin/dvc checkout --quiet; exit 1; }'
+	$(PY) -m pipeline.flows $(if $(filter 1 yes true,$(WAIT)),--wait) $(if $(JOBS),--max-parallel $(JOBS))
 
 test: setup browser
 	$(PY) -m pytest -n 2 --dist loadgroup -q

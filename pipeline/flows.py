@@ -1,14 +1,15 @@
-"""Prefect flow that runs the DVC DAG: one task per DVC stage, in the order DVC's graph gives.
+"""Prefect flow that runs the DVC DAG: one task per DVC stage, independent stages at once.
 
     python -m pipeline.flows [--target GLOB ...] [--force] [--override KEY=VALUE ...] [--push]
+                             [--max-parallel N]
 
-Each task runs `dvc repro --single-item <stage>`, so `dvc.lock` stays the record and DVC is
-the only cache (tasks use NO_CACHE). The commands go through one helper process per flow run
-that imports DVC once and forks per command (pipeline/dvc_server.py): the same CLI, without
-paying DVC's start-up once per stage. DVC locks one workspace, so stages run one at a time.
-Before the stages run the flow asks DVC once which stages are stale (`dvc status`); a stage
-DVC reports unchanged, none of whose upstream stages ran in this flow, is shown as an
-`up-to-date` task without starting DVC again (that keeps a no-op run short).
+Each task reproduces one stage exactly as `dvc repro` would (pipeline/parallel.py): DVC's own
+functions decide whether it changed, try the run cache, record its outputs in the cache and its
+entry in dvc.lock, one stage at a time under DVC's lock; the stage commands of stages whose
+upstream is done run at once, up to `max_parallel` (default: the cores available), each forked
+from a warm helper that has imported torch and the other libraries already. So dvc.lock, the
+cache and the run cache are what a serial `dvc repro` leaves (tests/test_parallel.py), and
+`dvc repro` remains the plain serial path. Tasks use NO_CACHE: DVC is the only cache.
 
 DVC's output goes to the task log while the stage runs (LiveLog). A failed stage fails its
 task with DVC's errors in the task log; every stage downstream of it
@@ -38,7 +39,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ from prefect.artifacts import (  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
-from pipeline.dvc_server import DvcRunner, DvcServerDied  # noqa: E402
+from pipeline.dvc_server import DvcServerDied  # noqa: E402
+from pipeline.parallel import DvcWorkspace, StagePool, cores  # noqa: E402
 
 LEADERBOARD_COLUMNS = ("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
 KEY_PREFIX = "shiftlab"
@@ -69,26 +71,10 @@ class StageFailed(RuntimeError):
 
 
 def stage_graph(root: Path) -> tuple[list[str], dict[str, set[str]]]:
-    """DVC's own stage order (dependencies first) and each stage's direct upstream stages."""
-    import networkx as nx
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo:
-        graph = repo.index.graph
-        order = [s.name for s in reversed(list(nx.topological_sort(graph)))]
-        upstream = {s.name: {d.name for d in graph.successors(s)} for s in graph.nodes}
-    return order, upstream
-
-
-def stale_stages(root: Path) -> set[str] | None:
-    """Stages `dvc status` reports changed; None when DVC cannot tell (then every stage runs DVC)."""
-    from dvc.repo import Repo
-
-    try:
-        with Repo(str(root)) as repo:
-            return {str(name).rsplit(":", 1)[-1] for name in repo.status()}
-    except Exception:  # any DVC error: fall back to asking DVC stage by stage
-        return None
+    """DVC's own stage order (dependencies first, as `dvc repro` runs them) and each stage's
+    direct upstream stages."""
+    with DvcWorkspace(root) as workspace:
+        return workspace.order()
 
 
 def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequence[str] | None) -> list[str]:
@@ -98,7 +84,7 @@ def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequenc
     wanted: set[str] = set()
     stack = [s for s in order if any(fnmatch.fnmatchcase(s, t) or s.split("@")[0] == t for t in targets)]
     if not stack:
-        raise ValueError(f"no DVC stage matches {list(targets)}; stages are {list(order)}")
+        raise ValueError(f"no DVC stage matches {', '.join(targets)}{close_names(order, targets)}")
     while stack:
         s = stack.pop()
         if s not in wanted:
@@ -107,13 +93,16 @@ def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequenc
     return [s for s in order if s in wanted]
 
 
-def outcome(output: str) -> str:
-    """What `dvc repro --single-item` did, from its output: ran, restored (run cache) or up-to-date."""
-    if "Running stage" in output:
-        return "ran"
-    if "is cached - skipping run" in output or "from run-cache" in output:
-        return "restored"
-    return "up-to-date"
+def close_names(order: Sequence[str], targets: Sequence[str], n: int = 5) -> str:
+    """'; did you mean: a, b' with up to `n` stage names close to `targets`, or the stage kinds."""
+    import difflib
+
+    kinds = sorted({s.split("@")[0] for s in order})
+    close = [m for t in targets for m in difflib.get_close_matches(t, [*kinds, *order], n=n, cutoff=0.5)]
+    close = list(dict.fromkeys(close))[:n]
+    if close:
+        return f"; did you mean: {', '.join(close)}"
+    return f"; stage kinds are {', '.join(kinds)} (a kind matches all its stages, e.g. {kinds[0]})"
 
 
 def artifact_key(*parts: str) -> str:
@@ -158,41 +147,44 @@ def check_stage(stage: str, known: Sequence[str]) -> str:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def run_stage(
-    stage: str,
-    root: str,
-    dvc: DvcRunner,
-    force: bool = False,
-    stale: bool = True,
-    known: list[str] | None = None,
-) -> str:
-    """`dvc repro --single-item <stage>` through `dvc`, the flow run's DVC helper
-    (pipeline/dvc_server.py), unless DVC already said it is unchanged; the outcome.
-
-    `known`: DVC's stage names (read from the project when not given); any other name is refused.
-    """
-    check_stage(stage, known if known is not None else stage_graph(Path(root))[0])
+def run_stage(stage: str, workspace: DvcWorkspace, pool: StagePool, force: bool = False) -> str:
+    """Reproduce one DVC stage as `dvc repro --single-item <stage>` does (pipeline/parallel.py:
+    DVC's own bookkeeping in this process, the command in `pool`); the outcome: ran, restored
+    (DVC's run cache) or up-to-date. A stage that is not one of DVC's is refused."""
+    check_stage(stage, list(workspace.stages))
     logger = get_run_logger()
-    if not (force or stale):
-        logger.info("%s: up to date (dvc status: unchanged, nothing upstream ran)", stage)
-        return "up-to-date"
-    argv = ["repro", "--single-item", stage] + (["--force"] if force else [])
+    begun = workspace.begin(stage, force)
+    if begun.outcome == "up-to-date":
+        logger.info("Stage '%s' didn't change, skipping", stage)
+        return begun.outcome
+    if begun.outcome == "restored":
+        logger.info("Stage '%s' is cached - skipping run, checking out outputs", stage)
+        return begun.outcome
+    logger.info("Running stage '%s':", stage)
+    started = time.monotonic()
     live = LiveLog(logger)
-    try:
-        rc, output = dvc.run(argv, live)
-    except DvcServerDied as e:  # logged below with the failure
-        rc, output = -1, str(e)
-    live.flush()
-    output = output.strip()
+    rc, tail = 0, ""
+    for command in begun.commands:
+        logger.info("> %s", command)
+        lines: list[str] = []
+        try:
+            rc = pool.run(command, begun.cwd, begun.env, lambda text, lines=lines: (lines.append(text), live(text)))
+        except DvcServerDied as e:
+            rc = -1
+            lines.append(str(e))
+        live.flush()
+        tail = "".join(lines).strip()
+        if rc != 0:
+            break
     if rc != 0:
-        errors = [line for line in output.splitlines() if line.startswith("ERROR")] or output.splitlines()[-5:]
-        logger.error("%s failed (dvc repro exited %s):\n%s", stage, rc, "\n".join(errors))
+        errors = tail.splitlines()[-5:]
+        logger.error("%s failed (its command exited %s):\n%s", stage, rc, "\n".join(errors))
         if stage.startswith("validate@"):
-            publish_validation_failure(Path(root), stage.split("@", 1)[1])
-        raise StageFailed(f"{stage}: dvc repro exited {rc}\n{output[-2000:]}")
-    if not output:
-        logger.info("up to date")
-    return outcome(output)
+            publish_validation_failure(Path(workspace.root), stage.split("@", 1)[1])
+        raise StageFailed(f"{stage}: its command exited {rc}\n{tail[-2000:]}")
+    workspace.finish(stage)
+    logger.info("%s ran in %.2f s", stage, time.monotonic() - started)
+    return "ran"
 
 
 class LiveLog:
@@ -385,8 +377,10 @@ def pipeline(
     push: bool = False,
     root: str = ".",
     wait: bool = False,
+    max_parallel: int | None = None,
 ) -> dict[str, str]:
-    """Run the DVC DAG stage by stage; each stage's state: ran, restored, up-to-date, failed or skipped.
+    """Run the DVC DAG, independent stages at once; each stage's state: ran, restored,
+    up-to-date, failed or skipped.
 
     targets: stage names or globs (default: all), with everything they depend on.
     force: re-run the selected stages even when DVC says they are unchanged.
@@ -395,15 +389,20 @@ def pipeline(
     root: the DVC workspace (default: the working directory).
     wait: if another shiftlab run (`make repro`, a flow) holds the workspace, queue behind it
         instead of failing at once (pipeline/lock.py).
+    max_parallel: how many stages run at once (default: the cores this process may use).
     """
     from pipeline.lock import workspace_lock
 
+    if max_parallel is not None and max_parallel < 1:
+        raise ValueError(f"max_parallel must be at least 1, got {max_parallel}")
     command = f"prefect flow shiftlab-pipeline (targets={targets}, overrides={overrides})"
     with workspace_lock(Path(root).resolve(), command=command, wait=wait, say=print):
-        return _pipeline(targets, force, overrides, push, root)
+        return _pipeline(targets, force, overrides, push, root, max_parallel or cores())
 
 
-def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | None, push: bool, root: str) -> dict[str, str]:
+def _pipeline(
+    targets: list[str] | None, force: bool, overrides: list[str] | None, push: bool, root: str, max_parallel: int
+) -> dict[str, str]:
     """The body of `pipeline`, run while holding the workspace lock."""
     from prefect.runtime import flow_run
 
@@ -411,33 +410,17 @@ def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | Non
     root = str(Path(root).resolve())
     if overrides:
         set_params(root, list(overrides))
-    order, upstream = stage_graph(Path(root))
-    stages = select(order, upstream, targets)
-    stale = None if force else stale_stages(Path(root))
-    states: dict[str, str] = {}
-    with DvcRunner(root, tool_env()) as dvc:  # one DVC import for all the stages
-        for stage in stages:
-            blocked = [u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped")]
-            if blocked:
-                states[stage] = "skipped"
-                logger.warning("skipping %s: upstream %s did not succeed", stage, ", ".join(sorted(blocked)))
-                continue
-            upstream_changed = any(states.get(u) in ("ran", "restored") for u in upstream.get(stage, ()))
-            is_stale = stale is None or stage in stale or upstream_changed
-            try:
-                states[stage] = run_stage(stage, root, dvc, force, is_stale, known=order)
-            except StageFailed:
-                states[stage] = "failed"
+    with DvcWorkspace(root) as workspace, StagePool(root, max_parallel, tool_env()) as pool:
+        order, upstream = workspace.order()
+        stages = select(order, upstream, targets)
+        states = run_dag(stages, upstream, max_parallel, lambda s: run_stage.submit(s, workspace, pool, force), logger)
         create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
         failed = sorted(s for s, st in states.items() if st == "failed")
         if failed:
             # DVC removed the failed stages' outputs before running them: put the last good ones back.
-            try:
-                rc, output = dvc.run(["checkout", "--quiet"])
-            except DvcServerDied as e:
-                rc, output = -1, str(e)
-            if rc != 0:
-                logger.warning("dvc checkout (restoring the last good outputs) failed:\n%s", output.strip())
+            problem = workspace.restore(failed)
+            if problem:
+                logger.warning("dvc checkout (restoring the last good outputs) failed: %s", problem)
     if failed:
         skipped = sorted(s for s, st in states.items() if st == "skipped")
         raise StageFailed(
@@ -450,6 +433,39 @@ def _pipeline(targets: list[str] | None, force: bool, overrides: list[str] | Non
     if push:
         push_outputs(root)
     return states
+
+
+def run_dag(
+    stages: Sequence[str], upstream: dict[str, set[str]], max_parallel: int, submit: Callable[[str], Any], logger: Any
+) -> dict[str, str]:
+    """Start each of `stages` (in their order) once its upstream stages are done, at most
+    `max_parallel` at a time; `submit(stage)` returns a Prefect future. A stage whose upstream
+    failed or was skipped is skipped. Each stage's state, in `stages`' order."""
+    from prefect.futures import as_completed
+
+    selected = set(stages)
+    states: dict[str, str] = {}
+    pending = list(stages)
+    running: dict[Any, str] = {}
+    while pending or running:
+        for stage in list(pending):  # in order, so a skip propagates down the chain at once
+            blocked = sorted(u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped"))
+            if blocked:
+                states[stage] = "skipped"
+                pending.remove(stage)
+                logger.warning("skipping %s: upstream %s did not succeed", stage, ", ".join(blocked))
+        for stage in [s for s in pending if all(u in states or u not in selected for u in upstream.get(s, ()))]:
+            if len(running) >= max_parallel:
+                break
+            pending.remove(stage)
+            running[submit(stage)] = stage
+        if not running:
+            break
+        done = next(as_completed(list(running)))
+        stage = running.pop(done)
+        result = done.result(raise_on_failure=False)
+        states[stage] = "failed" if isinstance(result, BaseException) else str(result)
+    return {s: states[s] for s in stages if s in states}
 
 
 def stages_markdown(states: dict[str, str]) -> str:
@@ -465,6 +481,17 @@ def datasets_of(stages: Iterable[str]) -> list[str]:
     return [s.split("@", 1)[1] for s in stages if s.startswith("validate@")]
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of stages >= 1, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", help="stage name or glob (repeatable); default: all")
@@ -472,8 +499,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="Hydra override (repeatable); makes the run a DVC experiment")
     parser.add_argument("--push", action="store_true", help="dvc push to the default remote afterwards")
     parser.add_argument("--wait", action="store_true", help="queue behind a shiftlab run already using this workspace")
+    parser.add_argument("--root", default=".", help="the DVC workspace (default: the working directory)")
+    parser.add_argument("--max-parallel", type=positive_int, metavar="N", help=f"stages at once (default: the cores available, {cores()} here)")
     args = parser.parse_args(argv)
-    state = pipeline(targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait, return_state=True)
+    state = pipeline(
+        targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait,
+        root=args.root, max_parallel=args.max_parallel, return_state=True,
+    )
     if not state.is_completed():
         print(f"pipeline: {state.name}: {state.message}", file=sys.stderr)
         return 1
