@@ -373,7 +373,9 @@ def render(info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.inspect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from stages.cli import ArgumentParser  # a usage error is one line too
+
+    parser = ArgumentParser(name="inspect", prog="python -m pipeline.inspect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--rows", type=int, default=5, help="first rows to show (default 5)")

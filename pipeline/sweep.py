@@ -302,14 +302,42 @@ def sweep(
     return statuses
 
 
+def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: str = ".") -> int:
+    """What the command line refuses before any point starts (ValueError, one line): a
+    malformed grid or name, a folder that is not a DVC project, or fixed overrides that do not
+    compose into a valid config (every point would fail on them). Returns the point count.
+    A grid value that is invalid is not refused here: its point fails and is reported with
+    the others, as in the flow."""
+    import subprocess
+
+    points = expand_grid(grid)
+    sanitize(name)
+    if not (Path(root) / ".dvc").is_dir() or not (Path(root) / "conf").is_dir():
+        raise ValueError(f"{Path(root).resolve()}: not a shiftlab DVC project (no .dvc/ or conf/ here); run the sweep from the repository's root")
+    with tempfile.TemporaryDirectory(prefix="shiftlab-sweep-check-") as tmp:  # the flow's composition, into a scratch file
+        cmd = [sys.executable, "-m", "stages.config", "compose", "--params", str(Path(tmp) / "params.yaml"), *overrides]
+        proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+        raise ValueError(f"--override {' '.join(overrides)}: {lines[-1].removeprefix('config: error: ')}")
+    return len(points)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from stages.cli import ArgumentParser  # a usage error is one line
+
+    parser = ArgumentParser(name="sweep", prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2", help="one axis (repeatable)")
     parser.add_argument("--name", default="sweep")
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="fixed override for every point (repeatable)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--dask-address", default=None)
     args = parser.parse_args(argv)
+    try:
+        preflight(args.grid, args.name, args.override or [])
+    except ValueError as e:  # ConfigError is one
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
     # Run the flow from the importable module (not __main__) so worker processes can unpickle its tasks.
     flow_fn = importlib.import_module("pipeline.sweep").sweep
     state = flow_fn(grid=args.grid, name=args.name, overrides=args.override, workers=args.workers, dask_address=args.dask_address, return_state=True)

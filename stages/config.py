@@ -62,6 +62,8 @@ STAGE_SECTIONS: dict[str, type] = {
 def load_params(path: str | Path = PARAMS, overrides: Sequence[str] = ()) -> DictConfig:
     """Read params.yaml and apply `key=value` overrides (the hand-run path)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; expected the params YAML file (params.yaml)")
     if not path.is_file():
         raise ConfigError(f"{path}: not found (run `make params` to compose it from conf/)")
     try:
@@ -335,13 +337,17 @@ def _one_line(e: Exception) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stages.config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from stages.cli import ArgumentParser
+    from stages.io import ArtifactError, check_writable
+
+    parser = ArgumentParser(name="config", prog="python -m stages.config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["check", "compose", "show"])
-    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("overrides", nargs="*", default=[])
     parser.add_argument("--params", default=str(PARAMS))
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `compose --params p.yaml key=value` too
     try:
         if args.command == "compose":
+            check_writable(args.params)  # a folder or a read-only one: say so before composing
             print(f"config: wrote {compose(output=args.params, overrides=args.overrides)}")
             return 0
         params = load_params(args.params, args.overrides)
@@ -350,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(OmegaConf.to_yaml(params))
         print(f"config: {args.params} is valid ({len(run.datasets)} datasets × {len(run.models)} models × {len(run.seeds)} seeds)")
         return 0
-    except ConfigError as e:
+    except (ConfigError, ArtifactError) as e:
         print(f"config: error: {e}", file=sys.stderr)
         return 2
 

@@ -11,7 +11,9 @@ student MLPClassifier (section `distill` of params.yaml) on
 with the shared training loop and checkpoint selection. Writes the student's model folder
 data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher
 (`teacher`, `teacher_kind`) and carries both inference costs (`inference_cost` of the
-student, `teacher_inference_cost`; see stages.models.inference_cost) for the report.
+student, `teacher_inference_cost`; see stages.models.inference_cost) for the report, and its
+`provenance` (stages/provenance.py: kind `distill`, the teacher's weights among its inputs). A
+teacher whose own provenance names another model, dataset, seed or prepared file is refused.
 Any trained model is a valid teacher: only its `logits` are used, on train (the targets)
 and on val (the objective's value on val each epoch, in history.parquet).
 """
@@ -72,8 +74,9 @@ def distill(
 
 
 def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
+    from stages import provenance
     from stages.artifacts import model_dir, prepared_path
-    from stages.io import ArtifactError
+    from stages.io import ArtifactError, check_writable
     from stages.models import WEIGHTS, inference_cost, load_model, save_model
     from stages.models.robust import selection_summary
     from stages.models.training import NonFiniteLoss, convergence, read_prepared_input
@@ -87,7 +90,12 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
             f"(`python -m stages.train {dataset} {teacher} {seed_i}` or `dvc repro train@{dataset}-{teacher}-{seed_i}`)"
         )
     prepared = read_prepared_input(dataset)
-    teacher_model = load_model(teacher_dir)
+    # The teacher must be this method's model for this dataset and seed, trained on this prepared file.
+    made_for = provenance.Expected(
+        dataset, f"train@{dataset}-{teacher}-{seed_i}", model=teacher, seed=seed_i, inputs=(prepared_path(dataset),)
+    )
+    teacher_model = load_model(teacher_dir, expect=made_for)
+    check_writable(folders=[model_dir(dataset, student_name(teacher), seed_i)])  # before any work, not after it
     try:
         student, result = distill(prepared, teacher_model, cfg, seed_i, desc=f"distill {teacher}")
     except NonFiniteLoss as e:  # one line naming the stage and the key to change
@@ -111,7 +119,11 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         "convergence": convergence(result.history),
         "metrics": result.selected_metrics,
     }
-    save_model(out, student, record, result.history)
+    made = provenance.record(
+        dataset=dataset, model=name, kind="distill", seed=seed_i, stage=f"distill@{dataset}-{teacher}-{seed_i}",
+        config=cfg, inputs=[prepared_path(dataset), teacher_dir / WEIGHTS],
+    )
+    save_model(out, student, record, result.history, provenance=made)
     val = result.selected_metrics["val"]
     return (
         f"distilled {teacher} into {name} on {dataset} seed {seed_i}: epoch {result.selected_epoch} selected by "

@@ -9,6 +9,11 @@ data/metrics/<dataset>/<model>/seed=<k>.json (definitions: docs/metrics.md: per 
 metrics with bootstrap intervals and per-group confusion, the shift summary and the
 model's inference cost) and data/plots/<dataset>/<model>/seed=<k>/{reliability,groups,
 shift_curve}.json for `dvc plots show` and the report. Nothing written depends on timing.
+
+The model's provenance (stages/provenance.py) must name this dataset, model and seed and the
+prepared file's present bytes, else one line names both and nothing is written. Predictions
+(Parquet file metadata) and metrics record their own `provenance`: the evaluated model and its
+kind, the seed, the sha256 of the `evaluate` section and of the prepared file and the weights.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from stages import provenance
 from stages.artifacts import (
     SPLITS,
     Prepared,
@@ -32,7 +38,14 @@ from stages.artifacts import (
 )
 from stages.cli import stage_main
 from stages.config import section, section_help
-from stages.io import ArtifactError, numpy_to_fixed_list, read_json, write_json, write_parquet
+from stages.io import (
+    PROVENANCE,
+    ArtifactError,
+    numpy_to_fixed_list,
+    read_json,
+    write_json,
+    write_parquet,
+)
 from stages.metrics import group_proportions, predictions, split_metrics
 from stages.settings import STUDENT_SUFFIX, EvaluateConfig
 from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
@@ -335,7 +348,10 @@ def regenerated_shift(
 
 def run(params: Any, dataset: str, model: str, seed: str) -> str:
     """Load the model and prepared data, score every row, write predictions, metrics and plots."""
-    seed_int = int(seed)
+    from stages.cli import parse_seed
+    from stages.io import check_writable
+
+    seed_int = parse_seed(seed)
     cfg = section(params, "evaluate", EvaluateConfig)
     prepared_file = prepared_path(dataset)
     prepared = read_prepared(prepared_file)
@@ -344,12 +360,24 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         raise ArtifactError(
             f"{mdir}: model folder not found (run `dvc repro {producing_stage(dataset, model, seed_int)}`)"
         )
+    # Before any work: every output location takes a file (not only after scoring every row).
+    check_writable(predictions_path(dataset, model, seed_int), metrics_path(dataset, model, seed_int),
+                   plots_dir(dataset, model, seed_int) / "reliability.json")
 
-    from stages.models import load_model  # torch is imported only here
+    from stages.models import WEIGHTS, load_model  # torch is imported only here
     from stages.runtime import setup_torch
 
     setup_torch(seed_int)  # stochastic scorers (noise draws) use the seeded RNG
-    classifier = load_model(mdir)
+    # Weights made for another model, dataset, seed or prepared file are refused (stages/provenance.py).
+    made_for = provenance.Expected(
+        dataset, producing_stage(dataset, model, seed_int), model=model, seed=seed_int, inputs=(prepared_file,)
+    )
+    classifier = load_model(mdir, expect=made_for)
+    weights = mdir / WEIGHTS
+    made = provenance.record(
+        dataset=dataset, model=model, kind=provenance.read(weights)["kind"], seed=seed_int,
+        stage=f"evaluate@{dataset}-{model}-{seed_int}", config=cfg, inputs=[prepared_file, weights],
+    )
     if classifier.n_classes != prepared.n_classes:
         raise ArtifactError(
             f"{mdir}: model has {classifier.n_classes} classes, {prepared_file} has {prepared.n_classes}"
@@ -375,7 +403,7 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     regenerate = regenerated_shift(prepared, classifier, plots["shift_curve"], cfg)
     cost = inference_cost(classifier, inputs(prepared.subset("test_id"))[:COST_SAMPLE], cfg.batch_size)
 
-    identity = {"dataset": dataset, "model": model, "seed": seed_int}
+    identity = {"dataset": dataset, "model": model, "seed": seed_int, PROVENANCE: made}
     schema = predictions_schema(prepared.n_classes)
     write_parquet(
         table,
@@ -385,11 +413,11 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     )
     out = metrics_path(dataset, model, seed_int)
     extra = {"cost": cost} if cost is not None else {}
-    write_json({**metrics, **identity, **extra, "model_config": model_info(mdir)}, out)
+    write_json({**metrics, **identity, **extra, "model_config": model_info(mdir)}, out, derived=True)
     pdir = plots_dir(dataset, model, seed_int)
-    write_json(plots["reliability"], pdir / "reliability.json")
-    write_json(plots["groups"], pdir / "groups.json")
-    write_json(plots["shift_curve"] + regenerate, pdir / "shift_curve.json")
+    write_json(plots["reliability"], pdir / "reliability.json", derived=True)
+    write_json(plots["groups"], pdir / "groups.json", derived=True)
+    write_json(plots["shift_curve"] + regenerate, pdir / "shift_curve.json", derived=True)
     return (
         f"evaluated {model} on {dataset} seed {seed_int}: test_id acc {metrics['test_id_acc']:.3f}, "
         f"test_ood acc {metrics['test_ood_acc']:.3f}, worst-group {metrics['test_ood_worst_group_acc']:.3f} -> {out}"

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -132,22 +133,60 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+def check_writable(*files: str | os.PathLike[str], folders: Sequence[str | os.PathLike[str]] = ()) -> None:
+    """Before any work: ArtifactError naming the folder if an output could not be written.
+
+    `files` and `folders` are a stage's outputs (written atomically: a temp beside the target,
+    renamed over it). For each, the nearest existing folder on its path must be a folder that
+    takes a new file (created and removed here; nothing else is created), and an existing
+    target must be what the stage writes (a file where a folder belongs fails the final rename).
+    Called at the start of a stage, so a read-only or misplaced output stops it in seconds,
+    not after a whole training run.
+    """
+    targets = [(Path(f), False) for f in files] + [(Path(f), True) for f in folders]
+    for target, is_folder in targets:
+        if target.is_dir() != is_folder and (target.exists() or target.is_symlink()):
+            have, want = ("a folder", "file") if target.is_dir() else ("a file", "folder")
+            raise ArtifactError(f"{target}: {have} is where this stage writes its output {want}; move it away and run again (nothing was done)")
+        folder = target.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise ArtifactError(f"{folder}: a file is where the output folder {target.parent} should be; move it away and run again (nothing was done)")
+        try:
+            fd, check_file = tempfile.mkstemp(prefix=f".write-check.{os.getpid()}.", suffix=".tmp", dir=folder)
+        except OSError as e:
+            raise ArtifactError(
+                f"{folder}: output folder is not writable ({e.strerror or e}); this stage writes {target} there: "
+                "fix its permissions or free space and run again (nothing was done)"
+            ) from None
+        os.close(fd)
+        os.unlink(check_file)
+
+
 def write_parquet(
     table: pa.Table,
     path: str | os.PathLike[str],
     schema: pa.Schema,
     metadata: Mapping[str, Any] | None = None,
+    derived: bool = False,
 ) -> Path:
     """Write `table` atomically with exactly `schema`; `metadata` goes in as sorted JSON values.
 
     The output is byte-identical for identical inputs (no timestamps, fixed
-    compression and row-group size), so DVC's cache works.
+    compression and row-group size), so DVC's cache works. `derived`: the table holds derived
+    results (a leaderboard, a summary), so every value of its float64 columns is written at
+    fixed precision (`fixed_precision`; meant for small tables: it goes through Python floats).
     """
     path = Path(path)
     try:
         table = table.select(schema.names).cast(schema)
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise ArtifactError(f"{path}: table does not fit the schema: {e}") from e
+    if derived:
+        for i, f in enumerate(table.schema):
+            if f.type == pa.float64():
+                table = table.set_column(i, f, pa.array(fixed_precision(table.column(i).to_pylist()), f.type))
     if metadata:
         table = table.replace_schema_metadata(
             {str(k): json.dumps(v, sort_keys=True) for k, v in sorted(metadata.items())}
@@ -364,9 +403,62 @@ def numpy_to_fixed_list(x: np.ndarray, value_type: pa.DataType | None = None) ->
     return pa.FixedSizeListArray.from_arrays(flat, x.shape[1])
 
 
-def write_json(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """Write JSON atomically with sorted keys and a trailing newline (deterministic bytes)."""
+# ---- fixed precision of derived floats ----------------------------------------------------------
+#
+# A float computed from many others (a sum, a mean, a bootstrap interval, a fitted line) may differ
+# in its last bits from one machine to the next: numpy picks its SIMD kernels (summation order,
+# exp/log) by CPU, OpenBLAS its kernels and thread count. Metrics, plot data, reports and summaries
+# hold such floats, so their writers pass `derived=True` and every float is written at this fixed
+# precision: the same commit then gives the same bytes, and DVC hashes, on any x86-64 CPU
+# (docs/metrics.md). Stored data (logits, weights, prepared features) is never rounded.
+
+# Significant digits kept: far finer than any derived number means anything (accuracies from at
+# most ~1e6 examples, intervals from ~1e3 resamples), far coarser than last-bit noise (~1e-16).
+SIGNIFICANT_DIGITS = 8
+# ... and never a digit below 1e-10: a result that is 0 up to rounding noise (the difference of
+# two equal accuracies: ±1e-16 or -0.0) is written as 0.0 on every machine.
+DECIMALS = 10
+
+
+def round_float(x: float) -> float:
+    """`x` rounded to SIGNIFICANT_DIGITS significant digits, at most DECIMALS decimals (whichever
+    is coarser), as Python's correctly rounded `round` does it (round half to even on the exact
+    binary value; no libm, so the same on every machine); -0.0 becomes 0.0; nan and ±inf pass.
+
+    Idempotent. A value within its last bits of a rounding boundary (the first dropped digit a
+    5 followed by zeros) can still round differently on two machines; at ~1e-16 relative noise
+    that happens to about one value in 1e8.
+    """
+    x = float(x)
+    if x == 0.0 or not math.isfinite(x):
+        return x + 0.0
+    exponent = int(f"{x:.{SIGNIFICANT_DIGITS - 1}e}".rsplit("e", 1)[1])
+    return round(x, min(DECIMALS, SIGNIFICANT_DIGITS - 1 - exponent)) + 0.0
+
+
+def fixed_precision(value: Any) -> Any:
+    """`value` with every float (numpy floats included) through `round_float`, recursively
+    through dicts, lists and tuples; ints, bools, strings and None unchanged."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float | np.floating):
+        return round_float(value)
+    if isinstance(value, Mapping):
+        return {k: fixed_precision(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(fixed_precision(v) for v in value)
+    return value
+
+
+def write_json(obj: Any, path: str | os.PathLike[str], derived: bool = False) -> Path:
+    """Write JSON atomically with sorted keys and a trailing newline (deterministic bytes).
+
+    `derived`: `obj` holds derived results (metrics, plot data, a summary), so every float is
+    written at fixed precision (`fixed_precision`) and the bytes do not depend on the machine.
+    """
     path = Path(path)
+    if derived:
+        obj = fixed_precision(obj)
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
     with atomic_path(path) as tmp:
         tmp.write_text(text)
@@ -392,14 +484,31 @@ def write_text(text: str, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def save_weights(tensors: Mapping[str, Any], path: str | os.PathLike[str], meta: Mapping[str, Any]) -> Path:
-    """Save torch tensors as safetensors (never pickle), with `meta` as JSON in the header."""
+# The key of an artifact's provenance record (stages/provenance.py) in its metadata: the
+# safetensors header's shiftlab JSON, config.json, Parquet file metadata, the metrics JSON.
+PROVENANCE = "provenance"
+
+
+def save_weights(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    meta: Mapping[str, Any],
+    provenance: Mapping[str, Any] | None = None,
+) -> Path:
+    """Save torch tensors as safetensors (never pickle), with `meta` as JSON in the header.
+
+    `provenance` (stages/provenance.py) goes into the same JSON under PROVENANCE: safetensors
+    writes its header's string map in hash order, so a single key keeps the bytes deterministic.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
+    if PROVENANCE in meta:
+        raise ValueError(f"'{PROVENANCE}' is reserved in weights metadata; pass provenance= instead")
+    header = {**meta, PROVENANCE: dict(provenance)} if provenance is not None else dict(meta)
     tensors = {k: v.detach().contiguous().cpu() for k, v in sorted(tensors.items())}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"shiftlab": json.dumps(meta, sort_keys=True)})
+        save_file(tensors, str(tmp), metadata={"shiftlab": json.dumps(header, sort_keys=True)})
     return path
 
 
@@ -409,17 +518,31 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str
     safetensors parses a JSON header and raw buffers only, so a pickle or a
     truncated file is rejected here and nothing from it is ever executed.
     """
+    tensors, meta = _read_weights(Path(path), tensors=True)
+    if isinstance(meta, dict):
+        meta.pop(PROVENANCE, None)  # read_weights_meta has it; the architecture is the rest
+    return tensors, meta
+
+
+def read_weights_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON header `save_weights` wrote (with PROVENANCE, if any), without reading a tensor."""
+    return _read_weights(Path(path), tensors=False)[1]
+
+
+def _read_weights(path: Path, tensors: bool) -> tuple[dict[str, Any], Any]:
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path}: weights file not found")
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no items())
+            out = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (safe_open has no items())
     except (SafetensorError, OSError, ValueError) as e:
         raise ArtifactError(f"{path}: not a valid safetensors file ({e})") from e
     if "shiftlab" not in header:
         raise ArtifactError(f"{path}: safetensors file has no shiftlab metadata; was it written by shiftlab?")
-    return tensors, json.loads(header["shiftlab"])
+    try:
+        return out, json.loads(header["shiftlab"])
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: its shiftlab metadata is not valid JSON ({e})") from None

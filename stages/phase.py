@@ -55,7 +55,7 @@ from stages import registry
 from stages.artifacts import DATA
 from stages.cli import stage_main
 from stages.config import dataset_section, method_section, section, section_help
-from stages.io import write_json
+from stages.io import check_writable, write_json
 from stages.schema import ConfigError
 from stages.settings import PHASE_KNOBS, PhaseConfig
 
@@ -347,8 +347,9 @@ def base_config(params: DictConfig) -> Any:
 
 def run(params: DictConfig) -> str:
     pcfg = section(params, "phase", PhaseConfig)
+    check_writable(PHASE_PATH)  # before any work, not after it
     rows = phase_diagram(pcfg, base_config(params), generative_config(params))
-    write_json(rows, PHASE_PATH)
+    write_json(rows, PHASE_PATH, derived=True)
     wins = {w: sum(r["winner"] == w for r in rows) for w in ("generative", "discriminative", "tie")}
     steps = max((r["discriminative_iterations"] for r in rows), default=0)
     return (

@@ -83,6 +83,7 @@ def run(params: DictConfig, dataset: str) -> str:
     """Write data/prepared/<dataset>.parquet; returns the summary line."""
     cfg = dataset_config(params, dataset)
     spec = registry.dataset(cfg.kind)
+    io.check_writable(artifacts.prepared_path(dataset))  # before any work, not after it
     if spec.load is not None:  # real benchmarks: read data/raw/, stream the file in row groups
         return spec.load(dataset, cfg, artifacts.prepared_path(dataset))
     table, meta = prepare(dataset, cfg)

@@ -7,7 +7,8 @@ and the `pretrain` section of params.yaml. Inputs are standardised with the trai
 statistics, corrupted with N(0, noise_std²) noise, and the encoder + mirrored decoder learn
 to reconstruct the clean standardised input (MSE). Writes, as one atomic folder,
 data/pretrained/<dataset>/encoder.safetensors (standardisation + encoder; metadata: in_dim,
-hidden) and embeddings.parquet (id, split, z = encoder output for every split).
+hidden) and embeddings.parquet (id, split, z = encoder output for every split); both record
+their `provenance` (stages/provenance.py; model `pretrain`), which the methods reading them check.
 """
 
 from __future__ import annotations
@@ -96,14 +97,16 @@ def fit_dae(
 def run(params: DictConfig, dataset: str) -> str:
     import pyarrow as pa
 
-    from stages.artifacts import embeddings_schema, pretrained_dir
-    from stages.io import numpy_to_fixed_list, write_parquet
+    from stages import provenance
+    from stages.artifacts import embeddings_schema, prepared_path, pretrained_dir
+    from stages.io import PROVENANCE, check_writable, numpy_to_fixed_list, write_parquet
     from stages.models import EMBEDDINGS, ENCODER, atomic_dir, save_encoder
     from stages.models.training import NonFiniteLoss
     from stages.runtime import setup_torch
 
     cfg = section(params, "pretrain", PretrainConfig)
     inputs = read_inputs(dataset)
+    check_writable(folders=[pretrained_dir(dataset)])  # before any work, not after it
     generator = setup_torch(cfg.seed)
     try:
         dae, mse = fit_dae(inputs.x[inputs.split == "train"], cfg, generator)
@@ -114,10 +117,15 @@ def run(params: DictConfig, dataset: str) -> str:
     table = pa.table(
         {"id": pa.array(inputs.id, pa.int64()), "split": pa.array(inputs.split.tolist(), pa.string()), "z": numpy_to_fixed_list(z)}
     )
+    made = provenance.record(
+        dataset=dataset, model="pretrain", kind=cfg.kind, seed=cfg.seed, stage=f"pretrain@{dataset}", config=cfg,
+        inputs=[prepared_path(dataset)],
+    )
     out = pretrained_dir(dataset)
     with atomic_dir(out) as tmp:
-        save_encoder(tmp / ENCODER, dae)
-        write_parquet(table, tmp / EMBEDDINGS, embeddings_schema(z.shape[1]), metadata={"dataset": dataset, "hidden": cfg.hidden})
+        save_encoder(tmp / ENCODER, dae, provenance=made)
+        meta = {"dataset": dataset, "hidden": cfg.hidden, PROVENANCE: made}
+        write_parquet(table, tmp / EMBEDDINGS, embeddings_schema(z.shape[1]), metadata=meta)
     n_train = int((inputs.split == "train").sum())
     return f"pretrained dae on {dataset} ({n_train} train inputs, no labels): denoising MSE {mse:.3f}, embeddings dim {z.shape[1]} -> {out}"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stages import figures, registry
+from stages import figures, provenance, registry
 from stages.artifacts import (
     LEADERBOARD_SCHEMA,
     REPORTS,
@@ -39,7 +39,9 @@ from stages.cli import stage_main
 from stages.config import check_er_reference, defaults, section, section_help
 from stages.io import (
     ArtifactError,
+    check_writable,
     fixed_list_to_numpy,
+    fixed_precision,
     read_json,
     read_metadata,
     read_parquet,
@@ -81,6 +83,11 @@ def evaluate_stage(dataset: str, model: str, seed: int) -> str:
     return f"evaluate@{dataset}-{model}-{seed}"
 
 
+def evaluated_as(dataset: str, model: str, seed: int) -> provenance.Expected:
+    """What a run's predictions and metrics must record as their provenance (stages/provenance.py)."""
+    return provenance.Expected(dataset, evaluate_stage(dataset, model, seed), model, seed, verb="evaluated", role="with model")
+
+
 def check_metrics(m: Any, path: str, dataset: str, model: str, seed: int) -> dict[str, Any]:
     """Check one metrics JSON has what the report reads; errors name the file and the key."""
     if not isinstance(m, dict):
@@ -90,6 +97,7 @@ def check_metrics(m: Any, path: str, dataset: str, model: str, seed: int) -> dic
             raise ArtifactError(
                 f"{path}: '{key}' is {m.get(key)!r}, expected {want!r} (stale file? run `dvc repro {evaluate_stage(dataset, model, seed)}`)"
             )
+    provenance.check(path, m.get(provenance.PROVENANCE), evaluated_as(dataset, model, seed))
     splits = m.get("splits")
     if not isinstance(splits, dict):
         raise ArtifactError(f"{path}: missing 'splits'")
@@ -191,6 +199,7 @@ def load_run_data(dataset: str, model: str, seed: int, n_classes: int) -> RunDat
     path = predictions_path(dataset, model, seed)
     if not path.is_file():
         raise ArtifactError(f"{path}: predictions file not found (run `dvc repro {evaluate_stage(dataset, model, seed)}`)")
+    provenance.check_file(path, evaluated_as(dataset, model, seed))
     t = read_parquet(path, predictions_schema(n_classes))
     curve_file = plots_dir(dataset, model, seed) / "shift_curve.json"
     rows = read_json(curve_file) if curve_file.is_file() else []
@@ -354,6 +363,8 @@ def _dataset_section(
         d = [data[(dataset, model, int(m["seed"]))] for m in mine] if data is not None else None
         summaries.append(_summarise_model(dataset, model, mine, d, boot, k))
     er = effective_robustness_reference(summaries, boot.er_reference)
+    # The line is a least-squares solve (BLAS: its last bits depend on the CPU); see _at_written_precision.
+    er = replace(er, baseline=replace(er.baseline, fit=fixed_precision(er.baseline.fit)))
     if er.baseline.fit is not None:
         for s in summaries:
             s.effective_robustness_seeds = [
@@ -379,7 +390,14 @@ def _dataset_section(
                 correct(s.model), correct(best.model), g, n_groups, boot.bootstrap_resamples,
                 [boot.bootstrap_seed, REPORT_STREAM + 50 + j],
             )["worst_group_acc"]
-    return summaries, extra
+    return [_at_written_precision(s) for s in summaries], extra
+
+
+def _at_written_precision(s: ModelSummary) -> ModelSummary:
+    """`s` with every float at the fixed precision the report writes (stages.io.fixed_precision):
+    the tables, figures, summary.json and plot data are all drawn from the same rounded numbers,
+    so their last bits (summation order, SIMD kernels) cannot differ from one machine to another."""
+    return replace(s, **{f.name: fixed_precision(getattr(s, f.name)) for f in fields(s)})
 
 
 def _drop(s: ModelSummary) -> float:
@@ -696,7 +714,7 @@ def dataset_figures(
     if er.baseline.fit is not None:
         lo, hi = min(p["x"] for p in pts), max(p["x"] for p in pts)
         xs = [lo + (hi - lo) * i / 40 for i in range(41)]
-        curve = (xs, [float(v) for v in er.baseline.predict(np.asarray(xs))])
+        curve = (xs, fixed_precision([float(v) for v in er.baseline.predict(np.asarray(xs))]))
     what = "In-distribution vs out-of-distribution accuracy, one point per model and seed."
     figs.append(
         (
@@ -1012,6 +1030,7 @@ def run(params: Any) -> str:
     cfg = section(params, "run", RunConfig)
     boot = section(params, "evaluate", EvaluateConfig)
     check_er_reference(params, boot)
+    check_writable(REPORTS / "report.md", REPORTS / "plots" / "x.json", REPORTS / "figures" / "x.svg")  # before any work
     metrics = load_metrics(cfg.datasets, cfg.models, cfg.seeds)
     data = {
         (m["dataset"], m["model"], int(m["seed"])): load_run_data(m["dataset"], m["model"], int(m["seed"]), int(m["n_classes"]))
@@ -1024,12 +1043,13 @@ def run(params: Any) -> str:
         REPORTS / "leaderboard.parquet",
         LEADERBOARD_SCHEMA,
         metadata={"datasets": cfg.datasets, "models": cfg.models, "seeds": cfg.seeds},
+        derived=True,
     )
     write_text(report.markdown, REPORTS / "report.md")
     write_text(report.html, REPORTS / "report.html")
-    write_json(report.summary, REPORTS / "summary.json")
+    write_json(report.summary, REPORTS / "summary.json", derived=True)
     for name, rows in sorted(report.plots.items()):
-        write_json(rows, REPORTS / "plots" / f"{name}.json")
+        write_json(rows, REPORTS / "plots" / f"{name}.json", derived=True)
     for name, svg in sorted(report.svgs.items()):
         write_text(svg + "\n", REPORTS / "figures" / f"{name}.svg")
     return (

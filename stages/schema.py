@@ -30,6 +30,27 @@ SELECTIONS = ("val_avg", "val_worst_group", "oracle")
 SELECTION_SPLIT = {"val_avg": "val", "val_worst_group": "val", "oracle": "test_ood"}
 
 
+# Every seed (a stage's positional seed, `run.seeds`, and each schema key named `seed`,
+# `seeds` or `*_seed`) is in [0, 2**32 - 1]: the range every generator it reaches accepts.
+# numpy's legacy np.random.seed and scikit-learn's random_state (DFR's liblinear) stop at
+# 2**32 - 1, numpy's default_rng refuses negatives, torch.manual_seed overflows past 2**64.
+SEED_MAX = 2**32 - 1
+SEED_RANGE = f"[0, {SEED_MAX}]"
+
+
+def seed_problem(value: Any) -> str | None:
+    """Why `value` cannot be a seed (one line naming it and the allowed range), or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"a seed must be an integer in {SEED_RANGE}, got {value!r}"
+    if not 0 <= value <= SEED_MAX:
+        return f"seed {value} is out of range: a seed must be an integer in {SEED_RANGE} (2**32 - 1, what torch, numpy and scikit-learn all accept)"
+    return None
+
+
+def _is_seed_key(name: str) -> bool:
+    return name in ("seed", "seeds") or name.endswith(("_seed", "_seeds"))
+
+
 def train_and_selection_splits(selection: str) -> tuple[str, ...]:
     """What a minibatch-trained method reads: train, and the split its selection criterion scores."""
     return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(selection, "val"))))
@@ -92,6 +113,14 @@ def check(obj: Any) -> list[tuple[str, str]]:
     """The range errors of a schema instance (its `check(Checks)`), as (relative key, message)."""
     checks = Checks()
     obj.check(checks)
+    for f in dataclasses.fields(obj) if dataclasses.is_dataclass(obj) else ():
+        if _is_seed_key(f.name):  # one range for every seed of every schema
+            value = getattr(obj, f.name)
+            for v in value if isinstance(value, (list, tuple)) else [value]:
+                problem = seed_problem(v)
+                if problem is not None:
+                    checks.require(False, f.name, problem)
+                    break
     return checks.errors
 
 

@@ -12,7 +12,9 @@ encoder from data/pretrained/<dataset>/. Writes data/models/<dataset>/<method>/s
 config.json records, besides the resolved config, `reads_splits` (the splits whose rows can
 change the weights; tests/test_robust.py poisons every other split and checks the weights do
 not move), `selections` (the epoch and metrics each criterion val_avg / val_worst_group /
-oracle would pick; only `selection` chose the weights) and, via `save_model`, `inference_cost`.
+oracle would pick; only `selection` chose the weights), via `save_model`, `inference_cost`, and
+`provenance` (also in the weights' header; stages/provenance.py): the method's name and kind,
+the seed, the sha256 of its resolved `method.<method>` section and of every file it read.
 
 Every method trained by epochs writes a checkpoint to
 scratch/checkpoints/train@<dataset>-<method>-<seed>/ every `train.checkpoint_every` epochs
@@ -54,12 +56,30 @@ def reads_splits(cfg: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("train", SELECTION_SPLIT[selection]))) if selection else ("train",)
 
 
+def input_files(spec: registry.MethodSpec, cfg: Any, dataset: str, seed: int) -> list[Path]:
+    """The files a method reads, as its DVC deps name them: the prepared Parquet, the pretrain
+    stage's outputs (when the method needs them) and its upstream method's model weights."""
+    from stages.artifacts import model_dir, prepared_path, pretrained_dir
+    from stages.models import EMBEDDINGS, ENCODER, WEIGHTS
+
+    files = [prepared_path(dataset)]
+    if spec.needs_pretrained(cfg):
+        files += [f for f in (pretrained_dir(dataset) / ENCODER, pretrained_dir(dataset) / EMBEDDINGS) if f.is_file()]
+    upstream = spec.upstream_method(cfg)
+    if upstream is not None:
+        files.append(model_dir(dataset, upstream, seed) / WEIGHTS)
+    return files
+
+
 def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
+    seed_i = parse_seed(seed)  # first: a bad seed is refused before torch is imported
+    from stages import provenance
     from stages.artifacts import model_dir, prepared_path
+    from stages.checkpoint import checkpoint_dir
+    from stages.io import check_writable
     from stages.models import save_model
     from stages.models.training import NonFiniteLoss, TrainJob, read_prepared_input
 
-    seed_i = parse_seed(seed)
     cfg = method_config(params, method)
     spec = registry.method(cfg.kind)
     # A hand-written params file may lack the `train` section: conf/'s values then.
@@ -68,6 +88,8 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     prepared = read_prepared_input(dataset)
     # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
     check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
+    # and every output location takes a file: a read-only folder stops it now, not after training
+    check_writable(checkpoint_dir(f"train@{dataset}-{method}-{seed_i}") / "epoch.safetensors", folders=[model_dir(dataset, method, seed_i)])
     job = TrainJob(dataset, method, seed_i, cfg, prepared, settings.checkpoint_every, settings.resume)
     try:
         trained = spec.train(job)
@@ -86,8 +108,12 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         "reads_splits": list(reads_splits(cfg)),
         **trained.record,
     }
+    made = provenance.record(
+        dataset=dataset, model=method, kind=cfg.kind, seed=seed_i, stage=f"train@{dataset}-{method}-{seed_i}",
+        config=cfg, inputs=input_files(spec, cfg, dataset, seed_i),
+    )
     out = model_dir(dataset, method, seed_i)
-    save_model(out, trained.model, record, trained.history)
+    save_model(out, trained.model, record, trained.history, provenance=made)
     if trained.checkpoint is not None:
         trained.checkpoint.clear()  # the model folder is written: nothing left to resume
     val = trained.metrics["val"]

@@ -69,8 +69,10 @@ from omegaconf import OmegaConf
 from stages.artifacts import SPLITS, data_docs_dir, failure_summary, prepared_path, validated_path
 from stages.cli import stage_main
 from stages.config import section, section_help
+from stages.data_docs import localize
 from stages.io import (
     ArtifactError,
+    check_writable,
     iter_parquet_batches,
     read_metadata,
     read_parquet,
@@ -573,7 +575,8 @@ def scrub_docs(site: Path) -> None:
     current time and a random data-context id (a request to S3 whenever a page is opened),
     the batch's `ge_load_time`, and a fresh uuid4 in each collapsible block's HTML id.
     The logo becomes the copy under static/images, the load time a fixed marker, and each
-    uuid a counter in order of appearance within its page.
+    uuid a counter in order of appearance within its page. The scripts and styles the pages
+    load from CDNs are copied into static/vendor and loaded from there (stages/data_docs.py).
     """
     logo = site / "static" / "images" / "logo-long.png"
     for page in sorted(site.rglob("*.html")):
@@ -581,6 +584,7 @@ def scrub_docs(site: Path) -> None:
         text = _REMOTE_LOGO.sub(f'"{os.path.relpath(logo, page.parent)}"', text)
         text = _LOAD_TIME.sub(r"\g<1>(not recorded)", text)
         page.write_text(_number_uuids(text), encoding="utf-8")
+    localize(site)
 
 
 def _number_uuids(text: str) -> str:
@@ -758,6 +762,7 @@ def _swap_dir(new: Path, target: Path, scratch: Path) -> None:
 
 def run(params: Any, dataset: str) -> str:
     kind = OmegaConf.select(params, f"dataset.{dataset}.kind")
+    check_writable(validated_path(dataset), folders=[data_docs_dir(dataset)])  # before any work
     return validate(dataset, section(params, "validate", ValidateConfig), None if kind is None else str(kind))
 
 

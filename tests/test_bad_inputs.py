@@ -241,6 +241,18 @@ def encoder_of_other_width() -> None:
     save_encoder(pretrained_dir(DS) / "encoder.safetensors", DenoisingAutoencoder(7, [8]))
 
 
+def copy_model(dataset: str, model: str, seed: int, weights_only: bool = False) -> Callable[[], None]:
+    """A mutation: the trained erm model (or only its weights) copied into another model's folder."""
+    def apply() -> None:
+        dest = model_dir(dataset, model, seed)
+        if weights_only:
+            dest.mkdir(parents=True)
+            shutil.copy(M, dest / M.name)
+        else:
+            shutil.copytree(M.parent, dest)
+    return apply
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -332,6 +344,16 @@ CASES = [
     Case("model-folder-missing", "models", *EVAL, lambda: shutil.rmtree(M.parent), (str(M.parent), "not found", "dvc repro")),
     Case("pretrained-encoder-of-another-input-size", "models", "train", (DS, "erm", "0", *FAST, "method.erm.init=pretrained"),
          encoder_of_other_width, ("encoder.safetensors", "expects 7 inputs", "has 4")),
+    # provenance (stages/provenance.py): a model is what its folder says, made from the prepared file as it is
+    Case("weights-of-another-method", "models", "evaluate", (DS, "groupdro", "0"), copy_model(DS, "groupdro", 0, weights_only=True),
+         (str(model_dir(DS, "groupdro", 0) / M.name), "trained as method 'erm'", "not 'groupdro'")),
+    Case("weights-of-another-seed", "models", "evaluate", (DS, "erm", "1"), copy_model(DS, "erm", 1),
+         (str(model_dir(DS, "erm", 1) / M.name), "trained with seed 0, not 1")),
+    Case("weights-of-another-dataset", "models", "evaluate", ("colored_digits", "erm", "0"),
+         lambda: (shutil.copy(P, prepared_path("colored_digits")), copy_model("colored_digits", "erm", 0)()),
+         (str(model_dir("colored_digits", "erm", 0) / M.name), "trained on dataset 'gaussian_shortcut', not 'colored_digits'")),
+    Case("prepared-file-changed-since-training", "models", *EVAL, rewrite(setitem("x", 0, 3.0)),
+         (str(M), f"trained on another version of {P}", "dvc repro train@gaussian_shortcut-erm-0")),
 ]
 
 
@@ -425,6 +447,7 @@ def documented_message(case_id: str) -> str:
 
 def test_docs_list_every_case():
     text = (REPO / "docs" / "reliability.md").read_text()
+    text = text.split("\n## Bad inputs", 1)[1].split("\n## ", 1)[0]  # this table's section (tests/test_one_line_errors.py has the next)
     rows = re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M)
     assert rows == [c.id for c in CASES]
     assert f"{len(CASES)} rows" in text

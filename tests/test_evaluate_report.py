@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stages import evaluate, report
+from stages import evaluate, provenance, report
 from stages.artifacts import (
     LEADERBOARD_SCHEMA,
     SPLITS,
@@ -31,6 +31,7 @@ from stages.io import (
     read_json,
     read_metadata,
     read_parquet,
+    save_weights,
     write_json,
     write_parquet,
 )
@@ -196,7 +197,10 @@ def test_evaluate_run_with_a_stand_in_model(
     prepared = toy_prepared()
     _write_prepared(prepared, prepared_path("toy"))
     mdir = Path("data/models/toy/erm/seed=0")
-    write_json({"config": {"kind": "erm", "lr": 0.1}, "selection": "val_avg"}, mdir / "config.json")
+    trained = provenance.record(dataset="toy", model="erm", kind="erm", seed=0, stage="train@toy-erm-0", config={},
+                                inputs=[prepared_path("toy")])
+    save_weights({}, mdir / "model.safetensors", {"kind": "stand_in"}, provenance=trained)
+    write_json({"config": {"kind": "erm", "lr": 0.1}, "selection": "val_avg", "provenance": trained}, mdir / "config.json")
     fixed = toy_logits(prepared)
 
     class StandIn:
@@ -207,7 +211,8 @@ def test_evaluate_run_with_a_stand_in_model(
             return fixed
 
     fake = types.ModuleType("stages.models")
-    fake.load_model = lambda path: StandIn()  # type: ignore[attr-defined]
+    fake.load_model = lambda path, expect=None: StandIn()  # type: ignore[attr-defined]
+    fake.WEIGHTS = "model.safetensors"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "stages.models", fake)
     monkeypatch.setattr("stages.runtime.setup_torch", lambda seed: None)  # no torch import needed
 
@@ -220,13 +225,17 @@ def test_evaluate_run_with_a_stand_in_model(
         5,
     )
     assert metrics["model_config"] == {"kind": "erm", "selection": "val_avg"}
+    made = metrics["provenance"]
     assert read_metadata(predictions_path("toy", "erm", 0)) == {
         "dataset": "toy",
         "model": "erm",
         "seed": 0,
         "n_classes": 2,
         "n_attrs": 2,
+        "provenance": made,
     }
+    assert (made["dataset"], made["model"], made["kind"], made["seed"], made["stage"]) == ("toy", "erm", "erm", 0, "evaluate@toy-erm-0")
+    assert set(made["inputs"]) == {"data/prepared/toy.parquet", "data/models/toy/erm/seed=0/model.safetensors"}
     assert isinstance(read_json(plots_dir("toy", "erm", 0) / "reliability.json"), list)
     assert isinstance(read_json(plots_dir("toy", "erm", 0) / "groups.json"), list)
     first = (
@@ -252,6 +261,12 @@ ACCS = {
     ("digits", "lda"): [(0.88, 0.80, 0.70), (0.86, 0.84, 0.74)],
 }
 KINDS = {"erm": {"kind": "erm", "selection": "val_avg"}, "lda": {"kind": "lda"}}
+
+
+def fake_provenance(dataset: str, model: str, seed: int) -> dict:
+    """The provenance evaluate records for a run (the report checks it against the file's path)."""
+    return provenance.record(dataset=dataset, model=model, kind=KINDS[model]["kind"], seed=seed,
+                             stage=f"evaluate@{dataset}-{model}-{seed}", config={}, inputs=[])
 
 
 def fake_metrics(dataset: str, model: str, seed: int) -> dict:
@@ -284,6 +299,7 @@ def fake_metrics(dataset: str, model: str, seed: int) -> dict:
         "n_attrs": 2,
         "ece_bins": 15,
         "model_config": KINDS[model],
+        "provenance": fake_provenance(dataset, model, seed),
         "splits": splits,
         "test_id_acc": id_acc,
         "test_ood_acc": ood_acc,
@@ -502,7 +518,8 @@ def write_fake_predictions(dataset: str, model: str, seed: int, per_split: int =
     prepared = toy_prepared(per_split, seed=0)
     logits = toy_logits(prepared, seed=int(rng.integers(1000)))
     table, _, _ = evaluate.evaluate_predictions(prepared, logits, 10)
-    write_parquet(table, predictions_path(dataset, model, seed), predictions_schema(2))
+    write_parquet(table, predictions_path(dataset, model, seed), predictions_schema(2),
+                  metadata={"provenance": fake_provenance(dataset, model, seed)})
 
 
 def test_report_missing_metrics_exits_2_naming_the_file(

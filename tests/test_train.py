@@ -19,7 +19,14 @@ from stages.artifacts import (
     prepared_schema,
     pretrained_dir,
 )
-from stages.io import load_weights, numpy_to_fixed_list, read_json, read_parquet, write_parquet
+from stages.io import (
+    load_weights,
+    numpy_to_fixed_list,
+    read_json,
+    read_metadata,
+    read_parquet,
+    write_parquet,
+)
 from stages.models import CONFIG, EMBEDDINGS, ENCODER, HISTORY, WEIGHTS, load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,9 +160,17 @@ def test_pretrain_reads_no_labels_and_feeds_train(workdir):
     _, meta = load_weights(out / ENCODER)
     assert meta["hidden"] == [8, 3] and meta["in_dim"] == 4
 
+    def outputs() -> tuple:
+        """The encoder's tensors and metadata and the embeddings with their metadata, provenance aside."""
+        tensors, meta = load_weights(out / ENCODER)
+        emb_meta = {k: v for k, v in read_metadata(out / EMBEDDINGS).items() if k != "provenance"}
+        return {k: v.tolist() for k, v in tensors.items()}, meta, read_parquet(out / EMBEDDINGS).to_pylist(), emb_meta
+
+    before = outputs()
     write_prepared(workdir, shuffle_labels=True)  # same inputs, different y/a/g
     assert pretrain.main(args) == 0
-    assert folder_bytes(out) == first
+    # Nothing it computes changes; only its provenance records the new prepared file's hash.
+    assert outputs() == before and folder_bytes(out) != first
 
     # Fine-tuning starts from the pretrained encoder; its architecture wins over method.erm.hidden.
     assert train.main([DS, "erm", "0", "method.erm.init=pretrained", "method.erm.epochs=1"]) == 0

@@ -3,9 +3,11 @@
 A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
 
     model.safetensors  the weights; its shiftlab metadata holds `kind` and the architecture
-                       arguments to rebuild the network (standardisation is in the tensors)
+                       arguments to rebuild the network (standardisation is in the tensors),
+                       and the folder's `provenance` (stages/provenance.py)
     config.json        resolved method config, dataset, seed, selection criterion,
-                       selected epoch and its metrics (and `teacher` for a student)
+                       selected epoch and its metrics (and `teacher` for a student), and
+                       the same `provenance`
     history.parquet    artifacts.HISTORY_SCHEMA, one row per epoch and split (scored metrics,
                        and the training objective on train and val every epoch)
 
@@ -17,7 +19,9 @@ of a discriminative model, log p(x, y) (or a score of it, e.g. an ELBO estimate)
 generative one, which also has `log_likelihood(x)`, per-example log p(x).
 
 For all, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
-(never unpickles) and rejects weights that do not fit the declared architecture.
+(never unpickles) and rejects weights that do not fit the declared architecture; a reader
+that says what it expects (`load_model(..., expect=)`) also gets a one-line error for a model
+made for another dataset, model, seed or input file.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from stages import provenance as prov
 from stages.artifacts import HISTORY_SCHEMA
 from stages.io import (
+    PROVENANCE,
     ArtifactError,
     fault_point,
     load_weights,
@@ -115,31 +121,47 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def save_model(
-    model_dir: str | os.PathLike[str], model: Any, config: dict[str, Any], history: pa.Table | None
+    model_dir: str | os.PathLike[str],
+    model: Any,
+    config: dict[str, Any],
+    history: pa.Table | None,
+    provenance: dict[str, Any] | None = None,
 ) -> Path:
     """Write model.safetensors, config.json and (if given) history.parquet as one atomic folder.
 
     `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`);
     config.json gets the model's `inference_cost` added when the model defines one.
+    `provenance` (stages.provenance.record; every stage gives one) goes into both the weights'
+    header and config.json.
     """
     model_dir = Path(model_dir)
     cost = inference_cost(model)
     if cost is not None:
         config = {**config, "inference_cost": cost}
+    if provenance is not None:
+        config = {**config, PROVENANCE: provenance}
     with atomic_dir(model_dir) as tmp:
-        save_weights(model.state_dict(), tmp / WEIGHTS, meta=model.arch())
+        save_weights(model.state_dict(), tmp / WEIGHTS, meta=model.arch(), provenance=provenance)
         write_json(config, tmp / CONFIG)
         if history is not None:
             write_parquet(history, tmp / HISTORY, HISTORY_SCHEMA)
     return model_dir
 
 
-def load_model(model_dir: str | os.PathLike[str]) -> Classifier:
-    """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds)."""
+def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None = None) -> Classifier:
+    """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds).
+
+    With `expect`, the folder's provenance must be what the reader asks for (stages/provenance.py),
+    in model.safetensors and config.json alike; checked once the weights are known to be sound.
+    """
     path = Path(model_dir) / WEIGHTS
     tensors, meta = load_weights(path)
     model = _build(meta, path)
     _load_checked(model, tensors, path)
+    if expect is not None:
+        found = prov.check_file(path, expect)
+        if (Path(model_dir) / CONFIG).is_file():
+            prov.check_agree(path, found, Path(model_dir) / CONFIG, expect)
     model.eval()
     return model  # type: ignore[return-value]
 
@@ -196,11 +218,14 @@ def _load_checked(module: nn.Module, tensors: dict[str, Any], path: Path) -> Non
 # ---- pretrained encoders --------------------------------------------------------------------
 
 
-def save_encoder(path: str | os.PathLike[str], dae: DenoisingAutoencoder) -> Path:
-    """Save a DAE's standardisation and encoder (not its decoder) as safetensors."""
+def save_encoder(
+    path: str | os.PathLike[str], dae: DenoisingAutoencoder, provenance: dict[str, Any] | None = None
+) -> Path:
+    """Save a DAE's standardisation and encoder (not its decoder) as safetensors, with the
+    pretrain stage's `provenance` in the header."""
     state = {k: v for k, v in dae.state_dict().items() if k.startswith(("standardize.", "encoder."))}
     meta = {"kind": "dae_encoder", "in_dim": dae.encoder.in_dim, "hidden": dae.encoder.hidden}
-    return save_weights(state, path, meta=meta)
+    return save_weights(state, path, meta=meta, provenance=provenance)
 
 
 def load_encoder(path: str | os.PathLike[str]) -> tuple[Standardize, MLPEncoder]:

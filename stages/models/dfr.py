@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from stages.models.discriminative import pretrained_encoder
+from stages.models.discriminative import pretrained_encoder, pretrained_for
 from stages.models.robust import group_scores
 from stages.registry import register_method
 from stages.schema import SELECTIONS, Checks, ConfigError, option
@@ -342,8 +342,15 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
     Only the rows of `splits` are kept (matched to the prepared rows by id, in prepared
     order); a missing file, or ids that do not match the prepared data, name the file.
     """
+    from stages import provenance
     from stages.artifacts import embeddings_schema, pretrained_dir
-    from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
+    from stages.io import (
+        PROVENANCE,
+        ArtifactError,
+        fixed_list_to_numpy,
+        read_metadata,
+        read_parquet,
+    )
     from stages.models import EMBEDDINGS
 
     path = pretrained_dir(dataset) / EMBEDDINGS
@@ -352,9 +359,11 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
             f"{path}: pretrained embeddings not found; they are made by the pretrain stage "
             f"(`python -m stages.pretrain {dataset}` or `dvc repro pretrain@{dataset}`)"
         )
-    hidden = read_metadata(path).get("hidden")
+    meta = read_metadata(path)
+    hidden = meta.get("hidden")
     if not isinstance(hidden, list) or not hidden:
         raise ArtifactError(f"{path}: file metadata lacks the encoder widths 'hidden'")
+    provenance.check(path, meta.get(PROVENANCE), pretrained_for(dataset))
     table = read_parquet(path, embeddings_schema(int(hidden[-1])))
     ids = table.column("id").to_numpy()
     split_col = np.asarray(table.column("split").to_pylist(), dtype=object)
@@ -389,13 +398,14 @@ def feature_extractor(
     trained model of method `cfg.features`, same dataset and seed: its encoder's output, the
     input of its head, is the last hidden layer.
     """
-    from stages.artifacts import model_dir
+    from stages import provenance
+    from stages.artifacts import model_dir, prepared_path
     from stages.io import ArtifactError
     from stages.models import WEIGHTS, load_model
 
     splits = cfg.reads_splits()
     if cfg.features == PRETRAINED:
-        path, standardize, encoder = pretrained_encoder(dataset)
+        path, standardize, encoder = pretrained_encoder(dataset, prepared.x.shape[1])
         embedded = read_embeddings(dataset, prepared, splits)
         z_check = embed(standardize, encoder, prepared.subset("val").x)
         val = embedded["val"]
@@ -412,7 +422,11 @@ def feature_extractor(
             f"the train stage (`python -m stages.train {dataset} {cfg.features} {seed}` or "
             f"`dvc repro train@{dataset}-{cfg.features}-{seed}`)"
         )
-    model = load_model(folder)
+    # That method's model for this dataset and seed, trained on this prepared file (its provenance).
+    made_for = provenance.Expected(
+        dataset, f"train@{dataset}-{cfg.features}-{seed}", model=cfg.features, seed=seed, inputs=(prepared_path(dataset),)
+    )
+    model = load_model(folder, expect=made_for)
     standardize, encoder = getattr(model, "standardize", None), getattr(model, "encoder", None)
     if model.kind != "mlp" or standardize is None or encoder is None:
         raise ConfigError(

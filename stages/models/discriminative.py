@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import SplitData, Trained, TrainJob
+    from stages.provenance import Expected
 
 
 @dataclass
@@ -51,8 +52,11 @@ def uses_pretrained(cfg: Any) -> bool:
     return getattr(cfg, "init", "scratch") == "pretrained"
 
 
-def pretrained_encoder(dataset: str) -> tuple[Path, Standardize, MLPEncoder]:
-    """The pretrain stage's encoder of `dataset`: (its path, input standardisation, encoder)."""
+def pretrained_encoder(dataset: str, in_dim: int) -> tuple[Path, Standardize, MLPEncoder]:
+    """The pretrain stage's encoder of `dataset`, for `in_dim` inputs: (its path, input
+    standardisation, encoder). It must have been pretrained on this dataset's prepared file as
+    it is now (its provenance, stages/provenance.py)."""
+    from stages import provenance
     from stages.artifacts import pretrained_dir
     from stages.io import ArtifactError
     from stages.models import ENCODER, load_encoder
@@ -64,22 +68,30 @@ def pretrained_encoder(dataset: str) -> tuple[Path, Standardize, MLPEncoder]:
             f"(`python -m stages.pretrain {dataset}` or `dvc repro pretrain@{dataset}`)"
         )
     standardize, encoder = load_encoder(path)
+    if encoder.in_dim != in_dim:
+        raise ArtifactError(f"{path}: encoder expects {encoder.in_dim} inputs, the prepared data has {in_dim}")
+    provenance.check_file(path, pretrained_for(dataset))
     return path, standardize, encoder
+
+
+def pretrained_for(dataset: str) -> Expected:
+    """What the pretrain stage's outputs must be for a method training on `dataset`."""
+    from stages import provenance
+    from stages.artifacts import prepared_path
+
+    return provenance.Expected(dataset, f"pretrain@{dataset}", inputs=(prepared_path(dataset),), verb="pretrained")
 
 
 def build_mlp(prepared: Prepared, cfg: MLPFitConfig, dataset: str) -> MLPClassifier:
     """An MLPClassifier: fresh encoder (init=scratch) or the pretrained one (init=pretrained)."""
     import torch
 
-    from stages.io import ArtifactError
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
 
     in_dim = prepared.x.shape[1]
     if cfg.init == "pretrained":
-        path, standardize, encoder = pretrained_encoder(dataset)
-        if encoder.in_dim != in_dim:
-            raise ArtifactError(f"{path}: encoder expects {encoder.in_dim} inputs, the prepared data has {in_dim}")
+        _, standardize, encoder = pretrained_encoder(dataset, in_dim)
         return MLPClassifier(encoder, prepared.n_classes, standardize)
     standardize = Standardize(in_dim).fit(torch.from_numpy(prepared.subset("train").x))
     return MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, standardize)
