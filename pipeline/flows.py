@@ -481,6 +481,28 @@ def datasets_of(stages: Iterable[str]) -> list[str]:
     return [s.split("@", 1)[1] for s in stages if s.startswith("validate@")]
 
 
+def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
+    """What the command line can refuse in one line before Prefect starts: a root that is no DVC
+    project, a workspace another run holds (exit 75, as pipeline.lock), a `--target` matching
+    no stage (checked against dvc.yaml as it is, so not with `--override`s, which may change
+    the stages). (None, 0) when none applies."""
+    from pipeline.lock import BUSY_EXIT, busy
+
+    root = Path(args.root).resolve()
+    if not (root / "dvc.yaml").is_file():
+        return f"{root} has no dvc.yaml: --root must be a DVC project (this repository's folder)", 2
+    who = None if args.wait else busy(root)
+    if who:
+        return f"another shiftlab run is using {root}: {who}; let it finish, or queue behind it (--wait, `make repro WAIT=1`)", BUSY_EXIT
+    if args.target and not args.override:
+        order, upstream = stage_graph(root)
+        try:
+            select(order, upstream, args.target)
+        except ValueError as e:
+            return str(e), 2
+    return None, 0
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -493,7 +515,9 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from stages.cli import ArgumentParser  # a usage error is one line
+
+    parser = ArgumentParser(name="pipeline", prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", help="stage name or glob (repeatable); default: all")
     parser.add_argument("--force", action="store_true", help="re-run stages even when unchanged")
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="Hydra override (repeatable); makes the run a DVC experiment")
@@ -502,6 +526,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="the DVC workspace (default: the working directory)")
     parser.add_argument("--max-parallel", type=positive_int, metavar="N", help=f"stages at once (default: the cores available, {cores()} here)")
     args = parser.parse_args(argv)
+    problem, code = preflight(args)
+    if problem:
+        print(f"pipeline: error: {problem}", file=sys.stderr)
+        return code
     state = pipeline(
         targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait,
         root=args.root, max_parallel=args.max_parallel, return_state=True,

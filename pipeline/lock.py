@@ -76,6 +76,21 @@ def workspace_lock(
         os.close(fd)  # releases the flock
 
 
+def busy(root: str | os.PathLike[str] = ".") -> str | None:
+    """Who holds the workspace lock of `root` right now (`holder`), or None when it is free."""
+    path = Path(root) / LOCK
+    if not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return holder(path)
+    finally:
+        os.close(fd)  # releases the probe's lock
+    return None
+
+
 def _stderr(text: str) -> None:
     print(f"shiftlab: {text}", file=sys.stderr, flush=True)
 

@@ -216,3 +216,26 @@ def test_flow_refuses_max_parallel_below_one_and_targets_matching_nothing_name_c
     assert "did you mean: train@gaussian_shortcut-erm-0" in str(e.value) and "gen@a" not in str(e.value)
     with pytest.raises(ValueError, match="stage kinds are gen, join, train"):
         select(order, {}, ["zzzzzz"])
+
+
+def test_flow_command_line_refuses_in_one_line_before_prefect_starts(tmp_path):
+    from pipeline.lock import BUSY_EXIT, workspace_lock
+
+    root = make_project(tmp_path / "p")
+    flow = [sys.executable, "-m", "pipeline.flows", "--root", str(root)]
+    env = {**project_env(), "PYTHONPATH": str(ROOT)}
+    cases = [
+        (["--target", "jion"], 2, "no DVC stage matches jion; did you mean: join"),
+        (["--root", str(tmp_path)], 2, "has no dvc.yaml"),
+        (["--max-parallel", "0"], 2, "expected a whole number of stages >= 1"),
+    ]
+    for args, code, message in cases:
+        proc = subprocess.run([*flow, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+        assert proc.returncode == code, (args, proc.stderr)
+        [line] = proc.stderr.strip().splitlines()
+        assert message in line and "Traceback" not in proc.stdout + proc.stderr, (args, proc.stderr)
+    with workspace_lock(root, command="the first run"):
+        proc = subprocess.run(flow, cwd=ROOT, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == BUSY_EXIT
+    [line] = proc.stderr.strip().splitlines()
+    assert "another shiftlab run is using" in line and "the first run" in line
