@@ -1,15 +1,18 @@
-"""One DVC process for a whole flow run: DVC is imported once, each command runs in a fork of it.
+"""A warm helper process that forks one child per command: Python starts and imports once.
 
-A flow runs `dvc repro --single-item <stage>` once per stage. As separate processes, each one
-spends ~0.3 s starting Python and importing DVC before it looks at the stage, 15-20 s over the
-56 stages of the default run. Here one helper process imports DVC once and forks a child per
-command; the child runs DVC's own CLI entry point (`dvc.cli.main`) with the command's stdout and
-stderr (and those of the stage command DVC starts) going to a pipe, and exits with DVC's exit
-code. So a command behaves exactly as `dvc <argv>` from a shell: a fresh DVC `Repo`, DVC's own
-lock, output and exit codes. The helper is single-threaded, so forking it is safe (the flow's
-own process is not: Prefect runs threads).
+Two kinds. `stages` (what the `pipeline` flow uses, pipeline/parallel.py): the helper imports
+the libraries the stage commands use (STAGE_PRELOAD: torch alone is ~1.4 s) and each request
+`python -m <module> <args>` runs in a fork of it, in the given working directory and
+environment, importing the project's own modules fresh. `dvc` (the default): the helper imports
+DVC once and each request runs DVC's own CLI entry point (`dvc.cli.main`), exactly as `dvc
+<argv>` from a shell; the flow used it for `dvc repro --single-item <stage>` before it did DVC's
+bookkeeping in-process, and it is kept for running DVC commands without DVC's start-up. In
+both, the child's stdout and stderr (and those of any process it starts) go to a pipe, and it
+exits with the command's exit code. The helper is single-threaded, so forking it is safe (the
+flow's own process is not: Prefect runs threads).
 
-Protocol, one JSON object per line: the flow writes `{"argv": [...]}` to the helper's stdin and
+Protocol, one JSON object per line: the flow writes `{"argv": [...]}` (kind `dvc`) or
+`{"module": ..., "args": [...], "cwd": ..., "env": {...}}` (kind `stages`) to the helper's stdin and
 reads from its stdout `{"out": "<text>"}` for each piece of the command's output (stdout and
 stderr) as it comes, then `{"rc": <exit code>}`. The helper exits at
 end of input. On SIGTERM/SIGINT it passes the signal to the running command's process group
