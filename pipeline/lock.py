@@ -87,7 +87,7 @@ def busy(root: str | os.PathLike[str] = ".") -> str | None:
     except BlockingIOError:
         return holder(path)
     finally:
-        os.close(fd)  # releases the probe's lock
+        os.close(fd)  # releases this check's lock
     return None
 
 
