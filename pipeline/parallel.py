@@ -77,8 +77,9 @@ class DvcWorkspace:
             os.chdir(self.cwd)
             raise
         self.stages = {self._name(s): s for s in self.graph.nodes}
+        self._order = self._plan()
         self.lock_keys_before = set(self._lock_keys())
-        self.rank = {name: i for i, name in enumerate(self.order()[0])}
+        self.rank = {name: i for i, name in enumerate(self._order[0])}
         self.new_in_lock: list[str] = []  # stages this run added to dvc.lock, in the file's order
 
     @staticmethod
@@ -88,6 +89,9 @@ class DvcWorkspace:
     def order(self) -> tuple[list[str], dict[str, set[str]]]:
         """The order a serial `dvc repro` runs the stages in (dependencies first; DVC's own
         plan), and each stage's direct upstream stages."""
+        return self._order
+
+    def _plan(self) -> tuple[list[str], dict[str, set[str]]]:
         from dvc.repo.reproduce import plan_repro
 
         order = [self._name(s) for s in plan_repro(self.graph)]

@@ -9,7 +9,6 @@ are drawn, so the scripts ran; the icons' font loaded; nothing failed to load).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -20,7 +19,7 @@ import pytest
 from stages import data_docs
 from stages import validate as stage
 from stages.artifacts import data_docs_dir
-from tests.test_report_html import CHROMIUM_FLAGS, INSTALL_CHROMIUM
+from tests.test_report_html import CHROMIUM_FLAGS, chromium
 from tests.test_validate import PARAMS, make_columns, write_prepared
 
 # Any host name fails to resolve and any proxied request goes to a closed loopback port.
@@ -48,18 +47,6 @@ window.addEventListener("load", () => setTimeout(() => {
   document.body.appendChild(pre);
 }, 200));
 </script>"""
-
-
-def chromium() -> str:
-    """The headless browser, else SKIPPED with the command that installs it — FAILED where
-    SHIFTLAB_REQUIRE_BROWSER=1 (.ci/run), as in tests/test_report_html.py."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        why = f"Chromium is needed to open the Data Docs in a real browser; install it with: {INSTALL_CHROMIUM}"
-        if os.environ.get("SHIFTLAB_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"{why} (SHIFTLAB_REQUIRE_BROWSER=1: CI must run this test)")
-        pytest.skip(why)
-    return exe
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +139,7 @@ def test_a_page_that_loads_an_unknown_remote_file_is_an_error(tmp_path: Path) ->
 def _open(page: Path, tmp: Path) -> dict:
     """`page` (a probed copy) in headless Chromium with no network: the probe's findings."""
     run = subprocess.run(
-        [chromium(), *CHROMIUM_FLAGS, *NO_NETWORK, f"--user-data-dir={tmp / 'profile'}",
+        [chromium("the Data Docs"), *CHROMIUM_FLAGS, *NO_NETWORK, f"--user-data-dir={tmp / 'profile'}",
          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )
@@ -165,7 +152,7 @@ def _open(page: Path, tmp: Path) -> dict:
 @pytest.mark.slow
 @pytest.mark.xdist_group("chromium")
 def test_the_index_lists_every_validation_run_in_chromium_with_the_network_blocked(site: Path, tmp_path: Path) -> None:
-    chromium()
+    chromium("the Data Docs")
     copy = tmp_path / "site"
     shutil.copytree(site, copy)
     results = [p.relative_to(copy).as_posix() for p in validation_pages(copy)]

@@ -51,13 +51,13 @@ window.addEventListener("load", () => {
 INSTALL_CHROMIUM = "sudo apt-get install chromium"
 
 
-def chromium() -> str:
+def chromium(what: str = "report.html") -> str:
     """The headless browser, else SKIPPED with the command that installs it (`make test` installs
     it itself where it can: root with apt-get) — FAILED where SHIFTLAB_REQUIRE_BROWSER=1 (.ci/run),
     so CI never passes without having opened the report."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        why = f"Chromium is needed to open report.html in a real browser; install it with: {INSTALL_CHROMIUM}"
+        why = f"Chromium is needed to open {what} in a real browser; install it with: {INSTALL_CHROMIUM}"
         if os.environ.get("SHIFTLAB_REQUIRE_BROWSER") == "1":
             pytest.fail(f"{why} (SHIFTLAB_REQUIRE_BROWSER=1: CI must run this test)")
         pytest.skip(why)
