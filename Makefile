@@ -18,7 +18,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 setup: $(STAMP) .dvc/config
 
-# Reinstall whenever the lock changes. torch is pinned to the CPU build in requirements.lock.
+# Reinstall whenever the lock changes. torch/torchvision are pinned to the builds on this machine's disk.
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-warn-script-location -r requirements.lock 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
@@ -98,7 +98,7 @@ bench-flow: setup
 	$(PY) -m benchmarks.bench_flow $(BENCH_FLOW_ARGS)
 
 lock: setup
-	$(PY) -m pip freeze | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock.new
+	$(PY) -m pip freeze | sed -E 's/^(torch|torchvision)==([0-9.]+)\+(cpu|cu[0-9]+)$$/\1==\2/' > requirements.lock.new
 	(echo '# Full pinned set, from `pip freeze` of requirements.in. Regenerate with `make lock`.'; cat requirements.lock.new) > requirements.lock && rm requirements.lock.new
 
 clean-venv:

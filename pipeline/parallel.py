@@ -266,7 +266,6 @@ def run_shell(command: str, cwd: str, env: Mapping[str, str], on_output: Callabl
 
 def cores() -> int:
     """The cores this process may use (affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    from stages.runtime import available_cores
+
+    return available_cores()

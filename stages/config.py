@@ -38,6 +38,7 @@ from stages.settings import (
     PhaseConfig,
     PretrainConfig,
     RunConfig,
+    RuntimeConfig,
     TrainConfig,
     ValidateConfig,
     student_name,
@@ -53,6 +54,7 @@ STAGE_SECTIONS: dict[str, type] = {
     "pretrain": PretrainConfig,
     "distill": DistillConfig,
     "train": TrainConfig,
+    "runtime": RuntimeConfig,
     "validate": ValidateConfig,
     "evaluate": EvaluateConfig,
     "phase": PhaseConfig,
@@ -352,6 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         params = load_params(args.params, args.overrides)
         run = check_composed(params)
+        if args.command == "check":  # and this machine can run it: a CUDA runtime where there is none stops here
+            from stages.runtime import resolve
+
+            resolve(section(params, "runtime", RuntimeConfig))
         if args.command == "show":
             print(OmegaConf.to_yaml(params))
         print(f"config: {args.params} is valid ({len(run.datasets)} datasets × {len(run.models)} models × {len(run.seeds)} seeds)")

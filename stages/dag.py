@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("stages",)
 ENTRYPOINTS = ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
-SLOTS = 12  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
+SLOTS = 16  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
 STUDENT_SUFFIX = "_student"  # stages.settings.STUDENT_SUFFIX (this module imports nothing)
 STUDENT_MODEL = "mlp"  # the model kind stages/distill.py trains
 
@@ -172,10 +172,11 @@ def config_error(message: str) -> ValueError:
     return ConfigError(message)
 
 
-def model_module(kind: str, root: Path = ROOT) -> str:
-    """The module of the model kind method `kind` saves (its registration's `model`), which is
-    what evaluate and distill import to load it."""
-    return f"stages.models.{method_registration(kind, root).get('model', 'mlp')}"
+def model_modules(kind: str, root: Path = ROOT) -> list[str]:
+    """The modules of the model kinds method `kind` may save (its registration's `model`, one kind or
+    several), which is what evaluate and distill import to load it."""
+    model = method_registration(kind, root).get("model", "mlp")
+    return [f"stages.models.{m}" for m in ([model] if isinstance(model, str) else model)]
 
 
 def plan(
@@ -190,6 +191,8 @@ def plan(
 
     def mkind(name: str) -> str:
         return str(methods[name]["kind"])
+
+    from stages.models.external import LOCAL_FILES
 
     dmod = {d: f"stages.datasets.{dkind(d)}" for d in run["datasets"]}
     out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
@@ -215,20 +218,22 @@ def plan(
                     "pretrained": f"data/pretrained/{d}" if pretrained else f"data/prepared/{d}.parquet",
                     # the trained model of the method it reads (same dataset and seed); else again the prepared file
                     "upstream": f"data/models/{d}/{up[1]}/seed={s}" if up else f"data/prepared/{d}.parquet",
+                    # the local files a network starts from (`weights`, `vocab`), else the prepared file again
+                    **{k: str(methods[m].get(k) or f"data/prepared/{d}.parquet") for k in LOCAL_FILES},
                 }
         for t in run["teachers"]:
             for s in run["seeds"]:
                 out["distill"][f"{d}-{t}-{s}"] = {
                     "dataset": d, "teacher": t, "seed": s,
-                    "code": kind_code("distill", [model_module(mkind(t), root)], root),
+                    "code": kind_code("distill", model_modules(mkind(t), root), root),
                 }
         for m in run["models"]:
             student = m.endswith(STUDENT_SUFFIX)
-            module = f"stages.models.{STUDENT_MODEL}" if student else model_module(mkind(m), root)
+            modules = [f"stages.models.{STUDENT_MODEL}"] if student else model_modules(mkind(m), root)
             for s in run["seeds"]:
                 out["evaluate"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "model": m, "seed": s,
-                    "code": kind_code("evaluate", [module, dmod[d]], root),
+                    "code": kind_code("evaluate", [*modules, dmod[d]], root),
                 }
     # the phase diagram's generated dataset and its generative classifier's module
     kinds = [f"stages.datasets.{phase['base']['kind']}", f"stages.models.{phase['generative']['kind']}"]

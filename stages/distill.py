@@ -74,7 +74,7 @@ def distill(
 
 
 def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
-    from stages import provenance
+    from stages import provenance, runtime
     from stages.artifacts import model_dir, prepared_path
     from stages.io import ArtifactError, check_writable
     from stages.models import WEIGHTS, inference_cost, load_model, save_model
@@ -83,6 +83,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
 
     seed_i = parse_seed(seed)
     cfg = section(params, "distill", DistillConfig)
+    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
     teacher_dir = model_dir(dataset, teacher, seed_i)
     if not (teacher_dir / WEIGHTS).is_file():
         raise ArtifactError(
@@ -118,6 +119,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         "selections": selection_summary(result.history),
         "convergence": convergence(result.history),
         "metrics": result.selected_metrics,
+        "runtime": rt.record(),
     }
     made = provenance.record(
         dataset=dataset, model=name, kind="distill", seed=seed_i, stage=f"distill@{dataset}-{teacher}-{seed_i}",

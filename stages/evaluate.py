@@ -19,7 +19,7 @@ kind, the seed, the sha256 of the `evaluate` section and of the prepared file an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,9 @@ from stages.io import (
 from stages.metrics import group_proportions, predictions, split_metrics
 from stages.settings import STUDENT_SUFFIX, EvaluateConfig
 from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
+
+if TYPE_CHECKING:
+    from stages.stream import PreparedFile
 
 # Splits whose reliability curve is plotted: the two test distributions being compared.
 PLOTTED_SPLITS = ("test_id", "test_ood")
@@ -266,6 +269,23 @@ def inference_cost(classifier: Any, x: np.ndarray, batch_size: int) -> dict[str,
     return {"parameters": n_values, "macs_per_example": counter.macs / len(x)}
 
 
+def stream_logits(classifier: Any, prepared: PreparedFile, batch_size: int) -> np.ndarray:
+    """Logits of every row in file order, `x` read row group by row group (runtime.stream): the same
+    `batch_size` batches `classifier.logits` makes of the whole array, so the same bytes. Only
+    for models that score each row on its own (`on_accelerator`, e.g. the MLP and timm classifiers);
+    a generative model's scorer batches draws across rows, so it needs runtime.stream=false."""
+    from stages.stream import to_input
+
+    if not getattr(classifier, "on_accelerator", False):
+        raise ArtifactError(
+            f"{prepared.path}: a {classifier.kind} model is scored on the whole file at once, which "
+            f"runtime.stream=true does not do; set runtime.stream=false for it"
+        )
+    parts = [classifier.logits(to_input(x).numpy(), batch_size=batch_size)
+             for x in prepared.all_rows().x_batches(batch_size)]
+    return np.concatenate(parts) if parts else np.zeros((0, prepared.n_classes), dtype=np.float32)
+
+
 def producing_stage(dataset: str, model: str, seed: int) -> str:
     """The DVC stage that writes a model folder: train@..., or distill@... for `<teacher>_student`."""
     if model.endswith(STUDENT_SUFFIX):
@@ -348,13 +368,18 @@ def regenerated_shift(
 
 def run(params: Any, dataset: str, model: str, seed: str) -> str:
     """Load the model and prepared data, score every row, write predictions, metrics and plots."""
+    from stages import runtime
     from stages.cli import parse_seed
     from stages.io import check_writable
 
     seed_int = parse_seed(seed)
     cfg = section(params, "evaluate", EvaluateConfig)
     prepared_file = prepared_path(dataset)
-    prepared = read_prepared(prepared_file)
+    from stages.stream import PreparedFile, to_input  # imports torch
+
+    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
+    # runtime.stream: only the small columns in memory, `x` scored row group by row group (stream_logits)
+    prepared = PreparedFile.open(prepared_file) if rt.stream else read_prepared(prepared_file)
     mdir = model_dir(dataset, model, seed_int)
     if not mdir.is_dir():
         raise ArtifactError(
@@ -364,7 +389,7 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     check_writable(predictions_path(dataset, model, seed_int), metrics_path(dataset, model, seed_int),
                    plots_dir(dataset, model, seed_int) / "reliability.json")
 
-    from stages.models import WEIGHTS, load_model  # torch is imported only here
+    from stages.models import WEIGHTS, load_model
     from stages.runtime import setup_torch
 
     setup_torch(seed_int)  # stochastic scorers (noise draws) use the seeded RNG
@@ -373,6 +398,10 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         dataset, producing_stage(dataset, model, seed_int), model=model, seed=seed_int, inputs=(prepared_file,)
     )
     classifier = load_model(mdir, expect=made_for)
+    if getattr(classifier, "on_accelerator", False):  # onto runtime.device; its logits come back to the CPU
+        from stages.models.nets import place
+
+        place(classifier)
     weights = mdir / WEIGHTS
     made = provenance.record(
         dataset=dataset, model=model, kind=provenance.read(weights)["kind"], seed=seed_int,
@@ -387,9 +416,13 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     if text_input and prepared.text is None:
         raise ArtifactError(f"{mdir}: model scores text but {prepared_file} has no text column")
     inputs = (lambda p: p.text) if text_input else (lambda p: p.x)
-    logits = classifier.logits(inputs(prepared), batch_size=cfg.batch_size)
     loglik_fn = getattr(classifier, "log_likelihood", None)
-    loglik = loglik_fn(inputs(prepared)) if callable(loglik_fn) else None
+    if isinstance(prepared, PreparedFile):
+        logits = stream_logits(classifier, prepared, cfg.batch_size)
+        loglik = None
+    else:
+        logits = classifier.logits(inputs(prepared), batch_size=cfg.batch_size)
+        loglik = loglik_fn(inputs(prepared)) if callable(loglik_fn) else None
     table, metrics, plots = evaluate_predictions(
         prepared,
         logits,
@@ -401,7 +434,12 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         loglik=loglik,
     )
     regenerate = regenerated_shift(prepared, classifier, plots["shift_curve"], cfg)
-    cost = inference_cost(classifier, inputs(prepared.subset("test_id"))[:COST_SAMPLE], cfg.batch_size)
+    if isinstance(prepared, PreparedFile):
+        test_id = prepared.splits(["test_id"])["test_id"]
+        sample = to_input(next(test_id.x_batches(COST_SAMPLE, workers=0))).numpy()
+    else:
+        sample = inputs(prepared.subset("test_id"))[:COST_SAMPLE]
+    cost = inference_cost(classifier, sample, cfg.batch_size)
 
     identity = {"dataset": dataset, "model": model, "seed": seed_int, PROVENANCE: made}
     schema = predictions_schema(prepared.n_classes)

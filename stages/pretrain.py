@@ -97,7 +97,7 @@ def fit_dae(
 def run(params: DictConfig, dataset: str) -> str:
     import pyarrow as pa
 
-    from stages import provenance
+    from stages import provenance, runtime
     from stages.artifacts import embeddings_schema, prepared_path, pretrained_dir
     from stages.io import PROVENANCE, check_writable, numpy_to_fixed_list, write_parquet
     from stages.models import EMBEDDINGS, ENCODER, atomic_dir, save_encoder
@@ -105,6 +105,7 @@ def run(params: DictConfig, dataset: str) -> str:
     from stages.runtime import setup_torch
 
     cfg = section(params, "pretrain", PretrainConfig)
+    runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
     inputs = read_inputs(dataset)
     check_writable(folders=[pretrained_dir(dataset)])  # before any work, not after it
     generator = setup_torch(cfg.seed)

@@ -44,7 +44,7 @@ class MethodSpec:
     generative: bool  # classifies by argmax_y log p(x | y) + log p(y)
     reads_text: bool  # needs the prepared `text` column
     pretrained: str  # reads data/pretrained/<dataset>/: one of PRETRAINED, or a config key (see there)
-    model: str  # the model kind (`register_model`) its train saves
+    model: str | tuple[str, ...]  # the model kind(s) (`register_model`) its train may save, by its config
     # closed-form methods: fit(x, y, n_classes, cfg) -> model on in-memory arrays (the phase
     # diagram fits them cell by cell); None for the others
     fit: Callable[..., Any] | None
@@ -62,6 +62,11 @@ class MethodSpec:
         if self.pretrained in PRETRAINED:
             return self.pretrained == "always"
         return getattr(cfg, self.pretrained, None) == PRETRAINED_VALUE
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model kind this method's train may save (`model=`, one kind or several)."""
+        return (self.model,) if isinstance(self.model, str) else tuple(self.model)
 
     def upstream_method(self, cfg: Any) -> str | None:
         """The method whose trained model `cfg` reads (the value of its `upstream` key), or None."""
@@ -102,7 +107,7 @@ def register_method(
     generative: bool = False,
     reads_text: bool = False,
     pretrained: str = "never",
-    model: str = "mlp",
+    model: str | tuple[str, ...] = "mlp",
     fit: Callable[..., Any] | None = None,
     upstream: str | None = None,
 ) -> MethodSpec:

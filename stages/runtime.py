@@ -1,4 +1,5 @@
-"""Process-wide set-up shared by every stage: determinism, seeds, progress bars."""
+"""Process-wide set-up shared by every stage: the runtime (device, precision, threads,
+determinism), seeds, progress bars."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import random
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, TYPE_CHECKING, Generic, Protocol, TypeVar
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -18,20 +21,147 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
-def setup_torch(seed: int) -> torch.Generator:
-    """Seed every RNG and make torch deterministic; returns a seeded torch Generator.
+@dataclass(frozen=True)
+class Runtime:
+    """The resolved `runtime` section: where and how this process's torch work runs.
 
-    One intra-op thread: results then do not depend on the machine's core count, and
-    the small models here gain little from threads anyway (see README, Determinism).
+    `configure(params)` resolves it at the start of a stage, before any data is read (asking for
+    CUDA where there is none is a one-line ConfigError there); `setup_torch` applies it; the
+    training loop and the batched forward passes read it back with `current()`.
+    """
+
+    device: str = "cpu"  # a torch device string: cpu, cuda:0, ...
+    precision: str = "fp32"
+    threads: int = 1
+    deterministic: bool = True
+    stream: bool = False
+    shuffle_buffer: int = 8192
+    workers: int = 1
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        import torch
+
+        return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+
+    def autocast(self, on: Any = None) -> AbstractContextManager[Any]:
+        """Autocast to `precision` for work on the runtime's device (a no-op for fp32, and for work
+        `on` another device: a model that stays on the CPU while the runtime is CUDA runs in fp32)."""
+        import torch
+
+        dtype = self.autocast_dtype
+        kind = self.device.split(":")[0]
+        if dtype is None or (on is not None and torch.device(on).type != kind):
+            return nullcontext()
+        return torch.autocast(device_type=kind, dtype=dtype)
+
+    def grad_scaler(self) -> Any:
+        """A gradient scaler for fp16 on CUDA (small gradients would underflow), else None."""
+        if self.precision != "fp16" or not self.device.startswith("cuda"):
+            return None
+        import torch
+
+        return torch.amp.GradScaler("cuda")
+
+    def record(self) -> dict[str, Any]:
+        """What config.json records: the device (and its name), precision, threads, determinism, reading."""
+        import torch
+
+        out: dict[str, Any] = {"device": self.device, "precision": self.precision, "threads": self.threads,
+                               "deterministic": self.deterministic, "stream": self.stream, "torch": torch.__version__}
+        if self.device.startswith("cuda"):
+            out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
+        return out
+
+
+DEFAULT = Runtime()
+_current = DEFAULT
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve(cfg: Any, key: str = "runtime") -> Runtime:
+    """A validated `RuntimeConfig` as the Runtime this machine runs it with.
+
+    `auto` takes CUDA when torch sees a device; `cuda` (or cuda:<i>) on a machine without one is a
+    one-line ConfigError naming `key` and what torch has; `threads: 0` becomes the available cores.
     """
     import torch
 
-    torch.set_num_threads(1)
+    from stages.schema import ConfigError
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
+            raise ConfigError(
+                f"{key}.device={cfg.device}: this machine has no CUDA device (torch {torch.__version__}, {build}); "
+                f"use {key}.device=cpu or {key}.device=auto"
+            )
+        index = int(device.partition(":")[2] or torch.cuda.current_device())
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"{key}.device={cfg.device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        device = f"cuda:{index}"
+    if cfg.precision == "bf16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"{key}.precision=bf16: {torch.cuda.get_device_name(device)} has no bf16 support; use fp16 or fp32")
+    threads = cfg.threads or available_cores()
+    return Runtime(device, cfg.precision, threads, cfg.deterministic, cfg.stream, cfg.shuffle_buffer, cfg.workers)
+
+
+def configure(params: Any, key: str = "runtime") -> Runtime:
+    """Resolve the `runtime` section of `params` (conf/'s defaults where a hand-written params file
+    has none) and make it this process's: call it first in a stage, before reading any data."""
+    from omegaconf import OmegaConf
+
+    from stages.config import defaults, section
+    from stages.settings import RuntimeConfig
+
+    cfg = section(params, key, RuntimeConfig) if OmegaConf.select(params, key) is not None else defaults("runtime", "default")
+    return use(resolve(cfg, key))
+
+
+def use(runtime: Runtime) -> Runtime:
+    """Make `runtime` this process's (what `setup_torch` applies and `current` returns)."""
+    global _current
+    _current = runtime
+    return runtime
+
+
+def current() -> Runtime:
+    """This process's Runtime (the built-in CPU default until a stage configures one)."""
+    return _current
+
+
+def setup_torch(seed: int) -> torch.Generator:
+    """Seed every RNG and apply this process's Runtime (`current()`); returns a seeded torch Generator.
+
+    The default is one intra-op thread (results then do not depend on the machine's core count,
+    and the small built-in models gain little from threads; see README, Determinism) and
+    deterministic algorithms.
+    """
+    import torch
+
+    rt = current()
+    torch.set_num_threads(rt.threads)
     # Same flag as torch.use_deterministic_algorithms(True), which also imports
     # torch._inductor.config (~1.5 s per process, x every stage of the DAG) only to
     # configure torch.compile, which shiftlab never uses.
-    torch._C._set_deterministic_algorithms(True)
-    assert torch.are_deterministic_algorithms_enabled()
+    torch._C._set_deterministic_algorithms(rt.deterministic)
+    if rt.device.startswith("cuda"):
+        if rt.deterministic:  # cuBLAS needs a fixed workspace to be deterministic (set before its first call)
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = rt.deterministic
+        torch.backends.cudnn.benchmark = not rt.deterministic
+        torch.cuda.manual_seed_all(seed)
+    assert torch.are_deterministic_algorithms_enabled() == rt.deterministic
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)

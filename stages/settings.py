@@ -60,6 +60,34 @@ class TrainConfig:
         c.non_negative(self.checkpoint_every, "checkpoint_every")
 
 
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class RuntimeConfig:
+    """How the torch stages run: device, precision, CPU threads, determinism, streaming (stages/runtime.py)."""
+
+    device: str = option("auto (CUDA when present, else the CPU) | cpu | cuda | cuda:<index>")
+    precision: str = option("fp32 | bf16 | fp16: autocast dtype of forward passes (fp16 on CUDA adds a gradient scaler)")
+    threads: int = option("intra-op CPU threads; 0 = every core this process may use (1 = the same bytes on any CPU)")
+    deterministic: bool = option("deterministic algorithms (on CUDA: no cuDNN autotuning, fixed cuBLAS workspace)")
+    stream: bool = option("read the prepared Parquet in row groups while training instead of all at once")
+    shuffle_buffer: int = option("stream: rows shuffled together (whole row groups, in a shuffled row-group order)")
+    workers: int = option("stream: row groups decoded ahead in background threads (0 = in the training thread)")
+
+    def check(self, c: Checks) -> None:
+        base, _, index = self.device.partition(":")
+        c.require(
+            base in DEVICES and (not index or (base == "cuda" and index.isdigit())),
+            "device", f"must be one of {list(DEVICES)} or cuda:<index>, got '{self.device}'",
+        )
+        c.choice(self.precision, "precision", PRECISIONS)
+        c.non_negative(self.threads, "threads")
+        c.require(self.shuffle_buffer >= 1, "shuffle_buffer", f"must be >= 1, got {self.shuffle_buffer}")
+        c.non_negative(self.workers, "workers")
+
+
 @dataclass
 class ValidateConfig:
     """Great Expectations suite thresholds."""

@@ -68,24 +68,29 @@ def input_files(spec: registry.MethodSpec, cfg: Any, dataset: str, seed: int) ->
     upstream = spec.upstream_method(cfg)
     if upstream is not None:
         files.append(model_dir(dataset, upstream, seed) / WEIGHTS)
-    return files
+    from stages.models.external import local_files
+
+    return files + local_files(cfg)  # a network's initial weights, its vocabulary
 
 
 def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     seed_i = parse_seed(seed)  # first: a bad seed is refused before torch is imported
-    from stages import provenance
+    from torch import nn
+
+    from stages import provenance, runtime
     from stages.artifacts import model_dir, prepared_path
     from stages.checkpoint import checkpoint_dir
     from stages.io import check_writable
     from stages.models import save_model
-    from stages.models.training import NonFiniteLoss, TrainJob, read_prepared_input
+    from stages.models.training import NonFiniteLoss, TrainJob, model_device, read_prepared_input
 
     cfg = method_config(params, method)
     spec = registry.method(cfg.kind)
+    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
     # A hand-written params file may lack the `train` section: conf/'s values then.
     has = OmegaConf.select(params, "train") is not None
     settings = section(params, "train", TrainConfig) if has else defaults("train", "default")
-    prepared = read_prepared_input(dataset)
+    prepared = read_prepared_input(dataset, stream=rt.stream)
     # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
     check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
     # and every output location takes a file: a read-only folder stops it now, not after training
@@ -97,7 +102,7 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         e.where, e.key = f"train@{dataset}-{method}-{seed_i}", f"method.{method}.lr" if hasattr(cfg, "lr") else f"method.{method}"
         e.lr = getattr(cfg, "lr", None)
         raise
-    if trained.model.kind != spec.model:  # stages/dag.py relies on it for evaluate's DVC deps
+    if trained.model.kind not in spec.models:  # stages/dag.py relies on it for evaluate's DVC deps
         raise TypeError(f"method kind {cfg.kind} registered model={spec.model!r} but trained a {trained.model.kind!r} model")
     record: dict[str, Any] = {
         "dataset": dataset,
@@ -107,6 +112,8 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         "prepared": str(prepared_path(dataset)),
         "reads_splits": list(reads_splits(cfg)),
         **trained.record,
+        # where the model ran: the runtime's device, or the CPU for a model that stays there (training.place)
+        "runtime": {**rt.record(), "device": str(model_device(trained.model)) if isinstance(trained.model, nn.Module) else "cpu"},
     }
     made = provenance.record(
         dataset=dataset, model=method, kind=cfg.kind, seed=seed_i, stage=f"train@{dataset}-{method}-{seed_i}",

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def project_env() -> dict[str, str]:
@@ -14,3 +17,21 @@ def project_env() -> dict[str, str]:
     env.update(SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", GIT_AUTHOR_NAME="t",
                GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
     return env
+
+
+def repro_project(dest: Path, overrides: list[str], *targets: str) -> str:
+    """Compose `overrides` into params.yaml of a fresh copy of the project at `dest` and run the real
+    `dvc repro` of `targets` (all stages when none); returns DVC's log, fails naming the command."""
+    from pipeline.workspace import copy_project
+
+    env = project_env()
+
+    def sh(*cmd: str) -> str:
+        proc = subprocess.run(cmd, cwd=dest, env=env, text=True, capture_output=True, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout
+
+    copy_project(ROOT, dest)
+    sh("git", "init", "-q")
+    sh(sys.executable, "-m", "stages.config", "compose", *overrides)
+    return sh("dvc", "repro", *targets)

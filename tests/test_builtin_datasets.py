@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.workspace import copy_project
 from stages import artifacts, io, text
 from stages.artifacts import SPLITS
 from stages.config import defaults
 from stages.datasets import mnist1d_shortcut, shortcut_text
 from stages.prepare import prepare
+from tests.support import repro_project
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_MNIST = defaults("dataset", "mnist1d_shortcut", num_samples=600)
@@ -114,28 +111,12 @@ TEXT = [
 ]
 
 
-def _repro(tmp_path: Path, overrides: list[str], *targets: str) -> str:
-    """Compose `overrides` in a fresh copy of the project and `dvc repro` the targets; DVC's log."""
-    env = dict(os.environ, SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-
-    def sh(*cmd: str) -> str:
-        proc = subprocess.run(cmd, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=600)
-        assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return proc.stdout
-
-    copy_project(ROOT, tmp_path)
-    sh("git", "init", "-q")
-    sh(sys.executable, "-m", "stages.config", "compose", *overrides)
-    return sh("dvc", "repro", *targets)
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group("builtin_dvc")
 def test_mnist1d_shortcut_runs_end_to_end_through_dvc_repro(tmp_path: Path) -> None:
     # The chain prepare -> validate -> train -> evaluate, and pretrain (erm from scratch does not
     # wait for it; the whole matrix is what `benchmarks.bench_repro --experiment <name>` runs).
-    log = _repro(tmp_path, TINY, "evaluate@mnist1d_shortcut-erm-0", "pretrain@mnist1d_shortcut")
+    log = repro_project(tmp_path, TINY, "evaluate@mnist1d_shortcut-erm-0", "pretrain@mnist1d_shortcut")
     for stage in ("prepare", "validate", "pretrain", "train", "evaluate"):
         name = f"{stage}@mnist1d_shortcut" + ("-erm-0" if stage in ("train", "evaluate") else "")
         assert f"'{name}'" in log
@@ -147,7 +128,7 @@ def test_mnist1d_shortcut_runs_end_to_end_through_dvc_repro(tmp_path: Path) -> N
 def test_shortcut_text_recipe_runs_the_text_models_end_to_end_through_dvc_repro(tmp_path: Path) -> None:
     from stages.io import read_parquet
 
-    log = _repro(tmp_path, TEXT)  # the whole DAG, through the report
+    log = repro_project(tmp_path, TEXT)  # the whole DAG, through the report
     assert "'report'" in log
     p = artifacts.read_prepared(tmp_path / artifacts.prepared_path("shortcut_text"))
     assert p.text is not None and len(p.text) == 700

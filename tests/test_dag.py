@@ -41,9 +41,9 @@ def expected_code(name: str, params) -> set[str]:
             files.append(ROOT / "stages/datasets" / f"{dkind[dataset]}.py")
         if stage == "train":
             files.append(ROOT / "stages/models" / f"{kind[model]}.py")
-        else:  # evaluate and distill load the model: the module of its model kind
-            arch = "mlp" if model.endswith("_student") else registry.method(kind[model]).model
-            files.append(ROOT / "stages/models" / f"{arch}.py")
+        else:  # evaluate and distill load the model: the modules of every model kind its method may save
+            archs = ("mlp",) if model.endswith("_student") else registry.method(kind[model]).models
+            files += [ROOT / "stages/models" / f"{arch}.py" for arch in archs]
     elif stage == "report":
         files += sorted((ROOT / "stages/models").glob("*.py"))
     elif stage == "phase":

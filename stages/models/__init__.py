@@ -13,8 +13,9 @@ A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
 
 Kinds (`Classifier.kind`, the architecture, not the training method) are registered by
 their classes (`registry.register_model`; `registry.model_kinds()` lists them): an MLP
-classifier (stages/models/nets.py) for the discriminative methods and students, and one per
-generative or text model in its method's module. `logits` are the pre-softmax class scores
+classifier (stages/models/nets.py) for the discriminative methods and students, a timm image
+network for those whose config names a timm `backbone` (stages/models/backbone.py), and one
+per generative or text model in its method's module. `logits` are the pre-softmax class scores
 of a discriminative model, log p(x, y) (or a score of it, e.g. an ELBO estimate) of a
 generative one, which also has `log_likelihood(x)`, per-example log p(x).
 

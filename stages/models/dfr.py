@@ -389,9 +389,10 @@ def embed(standardize: Standardize, encoder: MLPEncoder, x: np.ndarray) -> np.nd
 
 def feature_extractor(
     prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str
-) -> tuple[Path, Standardize, MLPEncoder, dict[str, Embedded]]:
+) -> tuple[Path, Any, MLPEncoder | None, dict[str, Embedded]]:
     """(the file the features come from, its standardisation, its encoder, embeddings of the
-    `cfg.reads_splits()` splits).
+    `cfg.reads_splits()` splits); for a timm network's features (model kind `backbone`): (its file,
+    the network, None, its `embed` of the splits).
 
     features=pretrained: the pretrain stage's encoder and embeddings.parquet, whose stored val
     embeddings must be what the stored encoder gives (else the folder is stale). Otherwise the
@@ -427,6 +428,18 @@ def feature_extractor(
         dataset, f"train@{dataset}-{cfg.features}-{seed}", model=cfg.features, seed=seed, inputs=(prepared_path(dataset),)
     )
     model = load_model(folder, expect=made_for)
+    if model.kind == "backbone":  # a timm network: its pooled features, its head replaced (stages/models/backbone.py)
+        if model.in_dim != prepared.x.shape[1] or model.n_classes != prepared.n_classes:
+            raise ArtifactError(f"{path}: a model for {model.in_dim} inputs and {model.n_classes} classes, the prepared data has "
+                                f"{prepared.x.shape[1]} and {prepared.n_classes}; re-run train@{dataset}-{cfg.features}-{seed}")
+        from stages.models.nets import place
+
+        place(model)
+        embedded = {}
+        for name in splits:
+            part = prepared.subset(name)
+            embedded[name] = Embedded(model.embed(part.x), part.y.astype(np.int64), part.g.astype(np.int64))
+        return path, model, None, embedded
     standardize, encoder = getattr(model, "standardize", None), getattr(model, "encoder", None)
     if model.kind != "mlp" or standardize is None or encoder is None:
         raise ConfigError(
@@ -466,16 +479,21 @@ def fit_head(
         fit = fit_dfr(embedded["val"], prepared.n_classes, cfg, seed, train_z, embedded.get("test_ood"))
     except ValueError as e:
         raise ConfigError(f"{key} on {dataset}: {e}") from None
-    model = dfr_classifier(standardize, encoder, fit.weight, fit.bias)
+    if encoder is None:  # features of a timm network (`standardize` is that network)
+        model = standardize.with_head(fit.weight, fit.bias)
+    else:
+        model = dfr_classifier(standardize, encoder, fit.weight, fit.bias)
     splits = split_data(prepared)
     metrics = {}
     with torch.no_grad():
         for name, s in splits.items():
-            metrics[name] = split_metrics(model(s.x), s.y, s.g)
+            logits = model(s.x) if encoder is not None else torch.from_numpy(model.logits(s.x.numpy()))
+            metrics[name] = split_metrics(logits, s.y, s.g)
     summary = {**fit.summary, "features_from": str(path)}
     if "test_ood" in splits:  # what the oracle would have chosen, for the report only
         ood = splits["test_ood"]
-        z_ood = Embedded(embed(standardize, encoder, ood.x.numpy()).astype(np.float64), ood.y.numpy(), ood.g.numpy())
+        z = standardize.embed(ood.x.numpy()) if encoder is None else embed(standardize, encoder, ood.x.numpy())
+        z_ood = Embedded(z.astype(np.float64), ood.y.numpy(), ood.g.numpy())
         for cand, row in zip(fit.candidates, summary["grid"], strict=True):
             row["test_ood_worst_group_acc"] = cand.scores(z_ood)["worst_group_acc"]
     # The C each criterion picks (ties to the first in grid order), in the shape of `selections` elsewhere.
@@ -510,4 +528,4 @@ def train(job: TrainJob) -> Trained:
 
 # `features` is both rules' key: "pretrained" reads data/pretrained/<dataset>/, any other value
 # names the method whose trained model (data/models/<dataset>/<method>/seed=<seed>/) it reads.
-register_method("dfr", DFRConfig, train, pretrained="features", upstream="features")
+register_method("dfr", DFRConfig, train, pretrained="features", upstream="features", model=("mlp", "backbone"))

@@ -5,7 +5,9 @@ z = (x − mean) / std. The forward process is q(z_t | z) = N(√ᾱ_t z, (1 −
 t = 1..T with a `linear` (Ho et al. 2020, rescaled to T steps) or `cosine` (Nichol &
 Dhariwal 2021) schedule of β_t. The denoiser ε_θ(z_t, t, y) predicts the noise: an MLP
 with time and class embeddings for vectors, a small conv net for image-shaped inputs (the
-prepared file's `shape`, e.g. [3, 8, 8]). It is trained from scratch with the simple loss
+prepared file's `shape`, e.g. [3, 8, 8]), or — `denoiser: unet`, the field's architecture at
+scale — a class-conditional `diffusers.UNet2DModel` built from the `unet_*` keys, optionally
+initialised from a local safetensors file (`weights`; see `UNetDenoiser`). It is trained with the simple loss
 E‖ε_θ(z_t, t, y) − ε‖², t ~ U{1..T}; with `class_dropout` p a label is replaced by a
 "null" class with probability p (classifier-free training; scoring always conditions).
 
@@ -74,10 +76,15 @@ from stages.schema import Checks, ConfigError, option
 class DiffusionConfig(GenerativeFitConfig):
     """Class-conditional DDPM classifier: class score = −mean w(t)·‖ε_θ(x_t, t, y) − ε‖², plus log prior with `elbo`."""
 
-    denoiser: str = option("auto (conv for C×H×W data, else mlp) | mlp | conv")
+    denoiser: str = option("auto (conv for C×H×W data, else mlp) | mlp | conv | unet (diffusers UNet2DModel, C×H×W data)")
     width: int = option("hidden width of the mlp denoiser")
     channels: int = option("channels of the conv denoiser")
-    depth: int = option("residual hidden layers of the denoiser")
+    depth: int = option("residual hidden layers of the mlp and conv denoisers")
+    unet_channels: list[int] = option("unet: output channels of each resolution block (one block per entry; each but the last halves H and W)")
+    unet_layers_per_block: int = option("unet: resnet layers per down block (up blocks have one more, as in diffusers)")
+    unet_attention: list[bool] = option("unet: self-attention in each block (one per unet_channels entry); the middle block has it if the last does")
+    unet_norm_groups: int = option("unet: GroupNorm groups (must divide every entry of unet_channels)")
+    weights: str | None = option("unet: local safetensors file of a diffusers UNet2DModel state_dict to start from (null = fresh init)")
     steps: int = option("T: diffusion timesteps")
     schedule: str = option("noise schedule: cosine | linear")
     class_dropout: float = option("P(label replaced by the null class) in training (classifier-free), in [0, 1)")
@@ -91,10 +98,14 @@ class DiffusionConfig(GenerativeFitConfig):
 
     def check(self, c: Checks) -> None:
         super().check(c)
-        c.choice(self.denoiser, "denoiser", ["auto", "mlp", "conv"])
+        c.choice(self.denoiser, "denoiser", list(DENOISERS))
         c.require(self.width >= 1, "width", f"must be >= 1, got {self.width}")
         c.require(self.channels >= 1, "channels", f"must be >= 1, got {self.channels}")
         c.require(self.depth >= 0, "depth", f"must be >= 0, got {self.depth}")
+        check_unet(c, list(self.unet_channels), self.unet_layers_per_block, list(self.unet_attention), self.unet_norm_groups)
+        c.require(self.weights is None or self.denoiser == "unet", "weights",
+                  f"only the unet denoiser loads weights from a file, denoiser is '{self.denoiser}'")
+        c.require(self.weights is None or bool(str(self.weights).strip()), "weights", "must name a .safetensors file, or be null")
         c.require(self.steps >= 1, "steps", f"must be >= 1, got {self.steps}")
         c.choice(self.schedule, "schedule", ["cosine", "linear"])
         c.require(0 <= self.class_dropout < 1, "class_dropout", f"must be in [0, 1), got {self.class_dropout}")
@@ -107,18 +118,27 @@ class DiffusionConfig(GenerativeFitConfig):
                       f"must be in [1, draws={self.draws}) when prune_keep > 0, got {self.prune_draws}")
         c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
 
-    def check_data(self, key: str, n_classes: int) -> None:
-        """Checks that need the dataset: pruning must keep fewer classes than there are."""
+    def check_data(self, key: str, n_classes: int, shape: list[int] | None = None) -> None:
+        """Checks that need the dataset: pruning must keep fewer classes than there are, and
+        the conv and unet denoisers need (C, H, W) images."""
         if self.prune_keep and self.prune_keep >= n_classes:
             raise ConfigError(
                 f"params.yaml: {key}.prune_keep: must be < the dataset's n_classes ({n_classes}) "
                 f"when pruning, got {self.prune_keep}"
             )
+        if shape is not None and self.denoiser in IMAGE_DENOISERS and len(shape) != 3:
+            raise ConfigError(
+                f"params.yaml: {key}.denoiser: '{self.denoiser}' needs (C, H, W) images, the dataset's "
+                f"inputs have shape {list(shape)} (use auto or mlp)"
+            )
 
 
 SCHEDULES = ("linear", "cosine")
 WEIGHTINGS = ("simple", "elbo")
-DENOISERS = ("auto", "mlp", "conv")
+DENOISERS = ("auto", "mlp", "conv", "unet")
+IMAGE_DENOISERS = ("conv", "unet")
+UNET_NETWORK = "diffusers.UNet2DModel"  # what arch() names for denoiser: unet
+UNET_HEAD_DIM = 8  # diffusers' attention_head_dim default: heads = channels / 8 in an attention block
 TIME_FEATURES = 32
 MAX_BETA = 0.999
 
@@ -233,8 +253,68 @@ class ConvDenoiser(nn.Module):
         return self.out(F.silu(h)).flatten(1)
 
 
+def check_unet(c: Checks, channels: list[int], layers_per_block: int, attention: list[bool], norm_groups: int) -> None:
+    """The `unet_*` keys' constraints (those diffusers would otherwise fail on deep inside)."""
+    c.require(len(channels) >= 1 and all(ch >= 1 for ch in channels), "unet_channels",
+              f"must be a non-empty list of positive channel counts, got {channels}")
+    c.require(layers_per_block >= 1, "unet_layers_per_block", f"must be >= 1, got {layers_per_block}")
+    c.require(len(attention) == len(channels), "unet_attention",
+              f"needs one entry per unet_channels block ({len(channels)}), got {attention}")
+    c.require(norm_groups >= 1 and all(ch % norm_groups == 0 for ch in channels), "unet_norm_groups",
+              f"must divide every entry of unet_channels {channels}, got {norm_groups}")
+    c.require(all(ch % UNET_HEAD_DIM == 0 for ch, a in zip(channels, attention, strict=False) if a), "unet_attention",
+              f"a block with attention needs a multiple of {UNET_HEAD_DIM} channels (heads of {UNET_HEAD_DIM}), "
+              f"got channels {channels} with attention {attention}")
+
+
+class UNetDenoiser(nn.Module):
+    """ε_θ for (C, H, W) images: a class-conditional `diffusers.UNet2DModel`.
+
+    One resolution block per `channels` entry (`AttnDownBlock2D`/`AttnUpBlock2D` where
+    `attention` says so, else `DownBlock2D`/`UpBlock2D`); the middle block has attention when
+    the deepest block has. The class embedding (`num_class_embeds`) is added to the timestep
+    embedding, with one more row, the null class, when trained with class dropout. diffusers
+    counts timesteps from 0 (its `alphas_cumprod[k]` is our ᾱ at t = k + 1), so the UNet sees
+    t − 1: a UNet trained with diffusers' `DDPMScheduler` over the same schedule (linear
+    β 1e-4..0.02 at T = 1000, or squaredcos_cap_v2 for `cosine`) means the same thing here.
+    H and W are zero-padded (bottom, right) to a multiple of 2^(blocks − 1), the downsampling
+    the UNet needs, and the output cropped back, so any image size works.
+    """
+
+    def __init__(
+        self, shape: list[int], class_embeds: int, channels: list[int], layers_per_block: int,
+        attention: list[bool], norm_groups: int,
+    ) -> None:
+        super().__init__()
+        from diffusers.models.unets.unet_2d import UNet2DModel  # ~5 s to import: only on this path
+
+        c = Checks()
+        check_unet(c, channels, layers_per_block, attention, norm_groups)
+        if c.errors:
+            raise ValueError("; ".join(f"{k}: {m}" for k, m in c.errors))
+        self.shape = [int(s) for s in shape]
+        ch, h, w = self.shape
+        m = 2 ** (len(channels) - 1)
+        self.pad = ((-h) % m, (-w) % m)
+        self.unet = UNet2DModel(
+            sample_size=(h + self.pad[0], w + self.pad[1]), in_channels=ch, out_channels=ch,
+            down_block_types=tuple("AttnDownBlock2D" if a else "DownBlock2D" for a in attention),
+            up_block_types=tuple("AttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention)),
+            block_out_channels=tuple(channels), layers_per_block=layers_per_block, norm_num_groups=norm_groups,
+            attention_head_dim=UNET_HEAD_DIM, add_attention=bool(attention[-1]), num_class_embeds=class_embeds,
+        )
+
+    def forward(self, z_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h, w = self.shape[1:]
+        x = z_t.view(-1, *self.shape)
+        if any(self.pad):
+            x = F.pad(x, (0, self.pad[1], 0, self.pad[0]))
+        out = self.unet(x, t - 1, class_labels=y).sample
+        return out[:, :, :h, :w].reshape(len(z_t), -1)
+
+
 def denoiser_flops(arch: dict[str, Any]) -> float:
-    """Multiply-add FLOPs (2 per MAC) of one denoiser row, conditioning lookup excluded."""
+    """Multiply-add FLOPs (2 per MAC) of one mlp or conv denoiser row, conditioning lookup excluded."""
     d, w, depth = arch["in_dim"], arch["width"], arch["depth"]
     if arch["denoiser"] == "conv":
         c, hgt, wid = arch["shape"]
@@ -242,12 +322,25 @@ def denoiser_flops(arch: dict[str, Any]) -> float:
     return 2.0 * (d * w + depth * w * w + w * d)
 
 
+def counted_flops(denoiser: nn.Module, in_dim: int) -> int:
+    """FLOPs of one denoiser row as torch's FlopCounterMode counts them (matrix products,
+    convolutions and attention; 2 per multiply-add), at t = 1, class 0."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    p = next(denoiser.parameters())
+    one = torch.ones(1, dtype=torch.long, device=p.device)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        denoiser(torch.zeros(1, in_dim, dtype=p.dtype, device=p.device), one, one - 1)
+    return int(counter.get_total_flops())
+
+
 def resolve_denoiser(denoiser: str, shape: list[int]) -> str:
     """`auto` → conv for (C, H, W) shapes, mlp otherwise."""
     if denoiser == "auto":
         return "conv" if len(shape) == 3 else "mlp"
-    if denoiser == "conv" and len(shape) != 3:
-        raise ValueError(f"denoiser 'conv' needs a (C, H, W) input shape, the data has shape {shape}")
+    if denoiser in IMAGE_DENOISERS and len(shape) != 3:
+        raise ValueError(f"denoiser '{denoiser}' needs a (C, H, W) input shape, the data has shape {shape}")
     return denoiser
 
 
@@ -258,6 +351,9 @@ def resolve_denoiser(denoiser: str, shape: list[int]) -> str:
 class DiffusionClassifier(nn.Module):
     """Standardisation + denoiser + schedule, and the scoring rule of the module docstring."""
 
+    # Runs on runtime.device (training.place): its noise is drawn on CPU generators and moved to
+    # the device of its buffers or inputs, so the draws, and on the CPU the bytes, do not change.
+    on_accelerator = True
 
     def __init__(
         self,
@@ -275,6 +371,11 @@ class DiffusionClassifier(nn.Module):
         prune_keep: int = 0,
         score_seed: int = 0,
         score_rows: int = 8192,
+        unet_channels: list[int] | None = None,
+        unet_layers_per_block: int = 1,
+        unet_attention: list[bool] | None = None,
+        unet_norm_groups: int = 8,
+        null_class: bool = True,
     ) -> None:
         super().__init__()
         self.in_dim, self.n_classes = int(in_dim), int(n_classes)
@@ -294,8 +395,26 @@ class DiffusionClassifier(nn.Module):
             )
         self.score_seed, self.score_rows = int(score_seed), int(score_rows)
         self.standardize = Standardize(self.in_dim)
-        if self.denoiser_kind == "conv":
-            self.denoiser: nn.Module = ConvDenoiser(self.shape, self.n_classes, self.steps, self.width, self.depth)
+        # The mlp and conv nets always have the null class's row; the UNet only when trained
+        # with class dropout, so a class-conditional diffusers UNet of K classes loads as is.
+        self.null_class = bool(null_class) or self.denoiser_kind != "unet"
+        self.unet: dict[str, Any] = {}
+        self.init_weights: dict[str, Any] | None = None  # the `weights` file it started from (config.json)
+        if self.denoiser_kind == "unet":
+            if unet_channels is None:
+                raise ValueError("denoiser 'unet' needs unet_channels")
+            self.unet = {
+                "unet_channels": [int(c) for c in unet_channels],
+                "unet_layers_per_block": int(unet_layers_per_block),
+                "unet_attention": [bool(a) for a in unet_attention or [False] * len(unet_channels)],
+                "unet_norm_groups": int(unet_norm_groups),
+            }
+            self.denoiser: nn.Module = UNetDenoiser(
+                self.shape, self.n_classes + self.null_class, self.unet["unet_channels"],
+                self.unet["unet_layers_per_block"], self.unet["unet_attention"], self.unet["unet_norm_groups"],
+            )
+        elif self.denoiser_kind == "conv":
+            self.denoiser = ConvDenoiser(self.shape, self.n_classes, self.steps, self.width, self.depth)
         else:
             self.denoiser = MLPDenoiser(self.in_dim, self.n_classes, self.steps, self.width, self.depth)
         self.register_buffer(
@@ -318,21 +437,30 @@ class DiffusionClassifier(nn.Module):
         )
         self.alpha_bar_T = float(alpha_bar[-1])
         self._cache: tuple[bytes, np.ndarray, np.ndarray] | None = None
+        self._row_flops: int | None = None
 
     def arch(self) -> dict[str, Any]:
-        """The architecture and scoring arguments `load_model` rebuilds this model from."""
-        return {
+        """The architecture and scoring arguments `load_model` rebuilds this model from (a UNet's
+        whole configuration too: the `weights` file is not needed to load a trained model)."""
+        out = {
             "kind": self.kind, "in_dim": self.in_dim, "n_classes": self.n_classes, "shape": self.shape,
             "denoiser": self.denoiser_kind, "width": self.width, "depth": self.depth, "steps": self.steps,
             "schedule": self.schedule, "weighting": self.weighting, "draws": self.draws,
             "prune_draws": self.prune_draws, "prune_keep": self.prune_keep,
             "score_seed": self.score_seed, "score_rows": self.score_rows,
         }
+        if self.denoiser_kind == "unet":  # (the mlp and conv arch stays as it was: same bytes on disk)
+            del out["width"], out["depth"]
+            out.update(network=UNET_NETWORK, **self.unet, null_class=self.null_class)
+        return out
 
     @classmethod
     def from_arch(cls, arch: dict[str, Any]) -> DiffusionClassifier:
         """Rebuild from `arch()` metadata (TypeError/ValueError when it does not fit)."""
-        return cls(**{k: v for k, v in arch.items() if k != "kind"})
+        network = arch.get("network", UNET_NETWORK)
+        if network != UNET_NETWORK:
+            raise ValueError(f"network {network!r} is not {UNET_NETWORK!r}")
+        return cls(**{k: v for k, v in arch.items() if k not in ("kind", "network")})
 
     def rows_per_example(self) -> int:
         """Denoiser evaluations to score one example against every class (with pruning if on)."""
@@ -343,10 +471,20 @@ class DiffusionClassifier(nn.Module):
 
     def cost_per_example(self) -> dict[str, int]:
         """params: numbers in the state_dict; macs: denoiser multiply-adds over all the
-        (class, draw) rows of one example; forward_passes: those rows (network evaluations)."""
+        (class, draw) rows of one example; forward_passes: those rows (network evaluations).
+
+        A row's multiply-adds are counted in closed form for the mlp and conv nets (their layers'
+        products), and by torch's FlopCounterMode on one row for the UNet (its convolutions,
+        linear layers and attention products; norms and activations are not multiply-adds)."""
         params = sum(t.numel() for t in self.state_dict().values())
         rows = self.rows_per_example()
-        macs = int(denoiser_flops(self.arch()) // 2) * rows
+        if self.denoiser_kind == "unet":
+            if self._row_flops is None:
+                self._row_flops = counted_flops(self.denoiser, self.in_dim)
+            flops = float(self._row_flops)
+        else:
+            flops = denoiser_flops(self.arch())
+        macs = int(flops // 2) * rows
         return {"params": int(params), "macs": macs, "forward_passes": rows}
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -362,12 +500,13 @@ class DiffusionClassifier(nn.Module):
     def loss(self, batch: dict[str, torch.Tensor], generator: torch.Generator, class_dropout: float = 0.0) -> torch.Tensor:
         """The simple loss mean ‖ε_θ(z_t, t, y) − ε‖² / d of a batch of raw inputs and labels."""
         z = self.standardize(batch["x"])
-        n = len(z)
-        t = torch.randint(1, self.steps + 1, (n,), generator=generator)
-        eps = torch.randn(z.shape, generator=generator)
-        y = batch["y"]
+        n, device = len(z), z.device
+        # drawn on the (CPU) generator, then moved: the same draws on every device
+        t = torch.randint(1, self.steps + 1, (n,), generator=generator).to(device)
+        eps = torch.randn(z.shape, generator=generator).to(device)
+        y = batch["y"].to(device)
         if class_dropout > 0:
-            drop = torch.rand(n, generator=generator) < class_dropout
+            drop = (torch.rand(n, generator=generator) < class_dropout).to(device)
             y = torch.where(drop, torch.full_like(y, self.n_classes), y)
         z_t = self.sqrt_ab[t, None] * z + self.sqrt_1m_ab[t, None] * eps
         return F.mse_loss(self.denoiser(z_t, t, y), eps)
@@ -379,9 +518,10 @@ class DiffusionClassifier(nn.Module):
         `score_rows` examples — the same draws at every call, so values of successive epochs compare
         (the val objective in history). One denoiser row per example: no per-class scoring."""
         generator = torch.Generator().manual_seed(self.score_seed)
+        device = self.sqrt_ab.device
         total = 0.0
         for i in range(0, len(x), self.score_rows):
-            xb = x[i : i + self.score_rows]
+            xb = x[i : i + self.score_rows].to(device)
             total += float(self.loss({"x": xb, "y": y[i : i + self.score_rows]}, generator)) * len(xb)
         return total / max(len(x), 1)
 
@@ -423,7 +563,7 @@ class DiffusionClassifier(nn.Module):
         score, capped (in float32, as stored) just below the lowest kept class's.
         """
         n, k, s = len(z), self.n_classes, t.shape[1]
-        every = torch.arange(k).expand(n, k)
+        every = torch.arange(k, device=z.device).expand(n, k)
         prior = self.score_prior()
         if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
             err = self.errors(z, t, eps, every)
@@ -436,7 +576,7 @@ class DiffusionClassifier(nn.Module):
         err2 = self.errors(z, t[:, s1:], eps[:, s1:], kept)
         err_kept = torch.cat([err1.gather(1, kept.unsqueeze(2).expand(n, keep, s1)), err2], dim=2)
         fine = (self.weighted(err_kept, t, self.weighting) + prior[kept]).float()
-        cap = torch.nextafter(fine.min(1).values, torch.tensor(-math.inf))
+        cap = torch.nextafter(fine.min(1).values, torch.tensor(-math.inf, device=fine.device))
         logits = torch.minimum(joint.float(), cap[:, None]).scatter_(1, kept, fine)
         elbo = self.weighted(err1, t[:, :s1], "elbo").scatter_(1, kept, self.weighted(err_kept, t, "elbo"))
         return logits, elbo, n * k * s1 + n * keep * (s - s1)
@@ -450,6 +590,7 @@ class DiffusionClassifier(nn.Module):
         x = x.float() if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
         s = int(draws or self.draws)
         generator = torch.Generator().manual_seed(self.score_seed if seed is None else seed)
+        device = self.sqrt_ab.device  # the draws are made on the CPU and moved: the same on every device
         chunk = max(1, self.score_rows // (self.n_classes * s))
         was_training = self.training
         self.eval()
@@ -458,11 +599,11 @@ class DiffusionClassifier(nn.Module):
             loglik = np.empty(len(x), dtype=np.float64)
             rows = 0
             for i in range(0, len(x), chunk):
-                z = self.standardize(x[i : i + chunk])
+                z = self.standardize(x[i : i + chunk].to(device))
                 t, eps = draw_noise(len(z), s, self.in_dim, self.steps, generator)
-                scores, elbo, r = self.score_draws(z, t, eps)
+                scores, elbo, r = self.score_draws(z, t.to(device), eps.to(device))
                 rows += r
-                logits[i : i + len(z)] = scores.numpy()
+                logits[i : i + len(z)] = scores.cpu().numpy()
                 loglik[i : i + len(z)] = self.elbo_loglik(z, elbo)
             return logits, loglik, rows
         finally:
@@ -470,10 +611,10 @@ class DiffusionClassifier(nn.Module):
 
     def elbo_loglik(self, z: torch.Tensor, elbo: torch.Tensor) -> np.ndarray:
         """log Σ_y exp(ELBO(x, y) + log π_y) in raw units, from the y-dependent ELBO terms."""
-        joint = (elbo + self.log_priors).numpy()
+        joint = (elbo + self.log_priors).cpu().numpy()
         z64 = z.double()
         ab = self.alpha_bar_T
-        prior_kl = 0.5 * (ab * z64.square().sum(1) - self.in_dim * (ab + math.log(1 - ab))).numpy()
+        prior_kl = 0.5 * (ab * z64.square().sum(1) - self.in_dim * (ab + math.log(1 - ab))).cpu().numpy()
         log_det = float(torch.log(self.standardize.std.double()).sum())
         return logsumexp_np(joint) - prior_kl - self.nelbo_const - log_det
 
@@ -502,13 +643,69 @@ class DiffusionClassifier(nn.Module):
         return self._cached(x)[1].copy()
 
 
+def build_classifier(prepared: Any, cfg: Any, key: str = "method.diffusion") -> DiffusionClassifier:
+    """The untrained classifier `cfg` (DiffusionConfig) describes for `prepared`'s data, its UNet
+    initialised from `cfg.weights` when given (the file and its sha256 then in `init_weights`).
+
+    Draws its initial weights from torch's global RNG (seeded by the caller)."""
+    denoiser = resolve_denoiser(cfg.denoiser, prepared.shape)
+    unet = {}
+    if denoiser == "unet":
+        unet = {"unet_channels": list(cfg.unet_channels), "unet_layers_per_block": cfg.unet_layers_per_block,
+                "unet_attention": list(cfg.unet_attention), "unet_norm_groups": cfg.unet_norm_groups,
+                "null_class": cfg.class_dropout > 0}
+    model = DiffusionClassifier(
+        prepared.x.shape[1], prepared.n_classes, prepared.shape, denoiser,
+        cfg.channels if denoiser == "conv" else cfg.width, cfg.depth,
+        cfg.steps, cfg.schedule, cfg.weighting, cfg.draws, cfg.prune_draws, cfg.prune_keep, cfg.score_seed,
+        cfg.score_rows, **unet,
+    )
+    if denoiser == "unet" and cfg.weights is not None:
+        model.init_weights = load_unet_weights(model.denoiser.unet, cfg.weights, f"{key}.weights")
+    return model
+
+
+def load_unet_weights(unet: nn.Module, path: str, key: str) -> dict[str, Any]:
+    """Load a diffusers UNet2DModel state_dict from the safetensors file `path` into `unet`:
+    {"path", "sha256"} of the file, and "fresh": the tensors the file lacks and the UNet keeps.
+
+    A file without a class embedding (an unconditional UNet, e.g. a DDPM trained without
+    labels) is accepted: the class embedding starts at zero, so the classifier starts as that
+    unconditional model. Any other missing or misshapen tensor is a one-line error naming the
+    file and `key` (stages/models/external.py)."""
+    from stages.models.external import load_external
+
+    skip = ("class_embedding.",) if _lacks_class_embedding(path) else ()
+    sha = load_external(unet, path, key, skip=skip)
+    record: dict[str, Any] = {"path": str(path), "sha256": sha}
+    if skip:
+        with torch.no_grad():
+            unet.class_embedding.weight.zero_()
+        record["fresh"] = ["class_embedding.weight"]
+    return record
+
+
+def _lacks_class_embedding(path: str) -> bool:
+    """Whether `path` is a readable safetensors file with no class embedding (unreadable: False,
+    and `load_external` says why)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return "class_embedding.weight" not in set(f.keys())
+    except Exception:  # any failure to read is reported by load_external
+        return False
+
+
 def train_diffusion(
-    prepared: Any, cfg: Any, seed: int, desc: str = "train diffusion", checkpoint: Any = None
+    prepared: Any, cfg: Any, seed: int, desc: str = "train diffusion", checkpoint: Any = None,
+    key: str = "method.diffusion",
 ) -> tuple[DiffusionClassifier, Any]:
     """Fit a DiffusionClassifier (DiffusionConfig `cfg`) on the train split; select by `cfg.selection`.
 
     Returns (model holding the selected weights, training.FitResult). Raises ValueError for
-    a config that does not fit the data (e.g. `prune_keep` >= n_classes). With `checkpoint`
+    a config that does not fit the data (e.g. `prune_keep` >= n_classes), ArtifactError for a
+    `weights` file that is missing or does not fit (naming it and `key`, the config section). With `checkpoint`
     (a `stages.checkpoint.Checkpointer`) training resumes byte-identically: the loss draws
     t, ε and the class dropout from the loop's generator, which the checkpoint carries, and
     selection scoring seeds its own generator from `score_seed` on every call.
@@ -520,13 +717,7 @@ def train_diffusion(
     generator = setup_torch(seed)
     splits = split_data(prepared)
     train = splits["train"]
-    denoiser = resolve_denoiser(cfg.denoiser, prepared.shape)
-    model = DiffusionClassifier(
-        prepared.x.shape[1], prepared.n_classes, prepared.shape, denoiser,
-        cfg.channels if denoiser == "conv" else cfg.width, cfg.depth,
-        cfg.steps, cfg.schedule, cfg.weighting, cfg.draws, cfg.prune_draws, cfg.prune_keep, cfg.score_seed,
-        cfg.score_rows,
-    )
+    model = build_classifier(prepared, cfg, key)
     model.standardize.fit(train.x)
     with torch.no_grad():
         model.log_priors.copy_(log_priors(train.y, prepared.n_classes))
@@ -547,10 +738,11 @@ def train(job: Any) -> Any:
     """Check the config against the data (before any work), then `train_diffusion`."""
     from stages.models.training import epoch_trained
 
-    job.cfg.check_data(job.key, job.prepared.n_classes)
+    job.cfg.check_data(job.key, job.prepared.n_classes, job.prepared.shape)
     ckpt = job.checkpointer()
-    model, result = train_diffusion(job.prepared, job.cfg, job.seed, desc=job.desc, checkpoint=ckpt)
-    return epoch_trained(model, result, job.cfg.selection, ckpt)
+    model, result = train_diffusion(job.prepared, job.cfg, job.seed, desc=job.desc, checkpoint=ckpt, key=job.key)
+    record = {"weights": model.init_weights} if model.init_weights is not None else {}
+    return epoch_trained(model, result, job.cfg.selection, ckpt, **record)
 
 
 register_method("diffusion", DiffusionConfig, train, generative=True, model="diffusion")

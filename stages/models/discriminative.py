@@ -1,8 +1,12 @@
 """What the MLP-trained discriminative methods share: their config keys, the network
-(fresh, or the pretrained encoder), and one training routine with a pluggable loss.
+(an MLP, fresh or from the pretrained encoder; or, on image datasets, a timm backbone), and
+one training routine with a pluggable loss.
 
 Each method module (stages/models/<kind>.py) subclasses `MLPFitConfig` and calls
-`train_mlp` with its own loss, per-example weights or frozen encoder.
+`train_mlp` with its own loss, per-example weights or frozen encoder. `backbone: mlp` (every
+default) keeps the hand-written MLP; a timm model name trains that network instead, through
+the same loop, from random initialisation or from a local `weights` file
+(stages/models/backbone.py).
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stages.schema import Checks, option, train_and_selection_splits
+from stages.schema import OPTIMIZERS, Checks, option, train_and_selection_splits
+
+MLP = "mlp"  # the `backbone` value of the hand-written MLP (every default)
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from stages.artifacts import Prepared
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import SplitData, Trained, TrainJob
     from stages.provenance import Expected
+    from stages.stream import PreparedFile
 
 
 @dataclass
@@ -29,10 +37,24 @@ class MLPFitConfig:
     """The keys every MLP-trained discriminative method shares (its own schema adds to them)."""
 
     kind: str = option("method family")
-    init: str = option("scratch | pretrained (encoder from the pretrain stage)")
-    hidden: list[int] = option("hidden layer widths (ignored with init=pretrained)")
-    lr: float = option("Adam learning rate")
-    weight_decay: float = option("AdamW weight decay")
+    init: str = option("scratch | pretrained (the pretrain stage's MLP encoder; backbone=mlp only)")
+    backbone: str = option(
+        "the network: mlp (standardise -> MLP of `hidden` widths -> linear head) | a timm model name, "
+        "e.g. resnet18, resnet50, vit_small_patch16_224 (image datasets only; stages/models/backbone.py)"
+    )
+    weights: str | None = option(
+        "a timm backbone's weights: a local .safetensors file (absolute, or relative to the project root) of its "
+        "timm state_dict (the head is not loaded; inputs are then normalised with the weights' mean/std); "
+        "null = random initialisation"
+    )
+    hidden: list[int] = option("hidden layer widths of the MLP (ignored with init=pretrained or a timm backbone)")
+    optimizer: str = option(
+        "adamw | sgd (with `momentum`, weight decay as an L2 term: the optimiser of the GroupDRO, JTT and DFR "
+        "code for their ResNet-50 recipes)"
+    )
+    momentum: float = option("sgd's momentum (ignored by adamw)")
+    lr: float = option("learning rate")
+    weight_decay: float = option("weight decay (AdamW's decoupled decay; SGD's L2 term)")
     epochs: int = option("training epochs")
     batch_size: int = option("minibatch size")
     selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
@@ -41,10 +63,30 @@ class MLPFitConfig:
         """The splits whose rows can change the trained weights: train, and the selection split."""
         return train_and_selection_splits(self.selection)
 
+    def model_kind(self) -> str:
+        """The model kind this config trains and saves (`registry.register_model`): `mlp`
+        (stages/models/mlp.py), or `backbone` for a timm backbone (stages/models/backbone.py)."""
+        return MLP if self.backbone == MLP else "backbone"
+
     def check(self, c: Checks) -> None:
         c.choice(self.init, "init", ["scratch", "pretrained"])
+        c.choice(self.optimizer, "optimizer", list(OPTIMIZERS))
+        c.require(0.0 <= self.momentum < 1.0, "momentum", f"must be in [0, 1), got {self.momentum}")
         c.require(all(h > 0 for h in self.hidden), "hidden", f"widths must be > 0, got {self.hidden}")
         c.minibatch(self)
+        if self.backbone == MLP:
+            c.require(self.weights is None, "weights", f"only a timm backbone loads weights: set backbone to a timm model name, or weights to null (got '{self.weights}')")
+            return
+        from stages.models.backbone import name_problem  # imports timm: only for a timm backbone
+
+        problem = name_problem(self.backbone)
+        c.require(problem is None, "backbone", problem or "")
+        c.require(
+            self.init != "pretrained", "init",
+            f"'pretrained' starts from the pretrain stage's MLP encoder, which the timm backbone '{self.backbone}' "
+            "cannot use: set init=scratch (and `weights` for the backbone's own pretrained weights), or backbone=mlp",
+        )
+        c.require(self.weights is None or bool(str(self.weights).strip()), "weights", "must name a .safetensors file, or be null")
 
 
 def uses_pretrained(cfg: Any) -> bool:
@@ -82,19 +124,40 @@ def pretrained_for(dataset: str) -> Expected:
     return provenance.Expected(dataset, f"pretrain@{dataset}", inputs=(prepared_path(dataset),), verb="pretrained")
 
 
-def build_mlp(prepared: Prepared, cfg: MLPFitConfig, dataset: str) -> MLPClassifier:
+def build_classifier(job: TrainJob) -> tuple[nn.Module, dict[str, Any]]:
+    """The network `job.cfg` configures, untrained (its head at least), and the keys it adds to
+    config.json: the MLP (`build_mlp`) for backbone=mlp; else the timm backbone, with `weights`
+    loaded when given (stages/models/backbone.py: `backbone`, `weights: {path, sha256}`)."""
+    cfg = job.cfg
+    if cfg.backbone == MLP:
+        return build_mlp(job.prepared, cfg, job.dataset), {}
+    from stages.models.backbone import build
+
+    return build(job.prepared, cfg.backbone, cfg.weights, job.key)
+
+
+def check_input(job: TrainJob) -> None:
+    """ConfigError, before any work, when the configured network cannot read the prepared inputs
+    (a timm backbone on a dataset that is not images)."""
+    if job.cfg.backbone != MLP:
+        from stages.models.backbone import image_shape
+
+        image_shape(job.prepared, job.cfg.backbone, job.key)
+
+
+def build_mlp(prepared: Prepared | PreparedFile, cfg: MLPFitConfig, dataset: str) -> MLPClassifier:
     """An MLPClassifier: fresh encoder (init=scratch) or the pretrained one (init=pretrained)."""
-    import torch
+    import numpy as np
 
     from stages.models.mlp import MLPClassifier
-    from stages.models.nets import MLPEncoder, Standardize
+    from stages.models.nets import MLPEncoder
+    from stages.models.training import train_standardize
 
-    in_dim = prepared.x.shape[1]
+    in_dim = int(np.prod(prepared.shape))
     if cfg.init == "pretrained":
         _, standardize, encoder = pretrained_encoder(dataset, in_dim)
         return MLPClassifier(encoder, prepared.n_classes, standardize)
-    standardize = Standardize(in_dim).fit(torch.from_numpy(prepared.subset("train").x))
-    return MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, standardize)
+    return MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, train_standardize(prepared))
 
 
 # A method's hook into `train_mlp`: given the splits and the loop's generator (after seeding),
@@ -104,8 +167,9 @@ LossSetup = Callable[["dict[str, SplitData]", "torch.Generator"], "tuple[Any, di
 
 
 def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: bool = False) -> Trained:
-    """Train an MLP classifier on `job` with the loss `setup` returns (cross-entropy when None),
-    through the shared loop (selection by `cfg.selection`, checkpoint/resume)."""
+    """Train the classifier `job.cfg` configures (`build_classifier`: the MLP, or a timm
+    backbone) on `job` with the loss `setup` returns (cross-entropy when None), through the
+    shared loop (selection by `cfg.selection`, checkpoint/resume)."""
     from stages.artifacts import pretrained_dir
     from stages.models import ENCODER
     from stages.models.training import (
@@ -118,11 +182,13 @@ def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: boo
     from stages.runtime import setup_torch
 
     cfg = job.cfg
+    check_input(job)
     ckpt = job.checkpointer()
     generator = setup_torch(job.seed)
     splits = split_data(job.prepared)
     loss, record = setup(splits, generator) if setup is not None else (cross_entropy, {})
-    model = build_mlp(job.prepared, cfg, job.dataset)
+    model, built = build_classifier(job)
+    record.update(built)
     if freeze_encoder:
         model.encoder.requires_grad_(False)
     opts = FitOptions.from_config(cfg)

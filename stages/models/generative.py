@@ -70,7 +70,8 @@ class GenerativeFitOptions(FitOptions):
     @classmethod
     def from_config(cls, cfg: Any) -> GenerativeFitOptions:
         """From a `GenerativeFitConfig` (or a subclass)."""
-        return cls(cfg.lr, cfg.epochs, cfg.batch_size, cfg.selection, cfg.weight_decay, cfg.eval_every)
+        return cls(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, selection=cfg.selection,
+                   weight_decay=cfg.weight_decay, eval_every=cfg.eval_every)
 
 
 def fit_generative(

@@ -5,13 +5,14 @@ examples' weight multiplied by λ (`jtt_weights`, `robust.weighted_cross_entropy
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stages.models.discriminative import MLPFitConfig, build_mlp, train_mlp
+from stages.models.discriminative import MLPFitConfig, build_classifier, train_mlp
 from stages.models.robust import normalised, weighted_cross_entropy
 from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
 from stages.registry import register_method
@@ -42,10 +43,17 @@ def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
 @torch.no_grad()
 def misclassified(model: torch.nn.Module, split: SplitData, batch_size: int = 4096) -> torch.Tensor:
     """Boolean mask of the examples of `split` that `model` (in eval mode) gets wrong."""
+    from stages.models.nets import model_device
+    from stages.runtime import current
+    from stages.stream import batch_rows, to_input
+
     was_training = model.training
     model.eval()
+    device, rt = model_device(model), current()
+    rows = batch_rows(split.x.shape[1] if isinstance(split, SplitData) else split.file.dim, batch_size)
     try:
-        pred = torch.cat([model(split.x[i : i + batch_size]).argmax(1) for i in range(0, len(split), batch_size)])
+        with torch.no_grad(), rt.autocast(on=device):
+            pred = torch.cat([model(to_input(x, device)).argmax(1).cpu() for x in split.x_batches(rows)])
     finally:
         model.train(was_training)
     return pred != split.y
@@ -73,7 +81,7 @@ def identify_errors(
     JTT uses the identification model as it stands after `id_epochs` epochs (no checkpoint
     selection). The summary has the error-set size, its share of train and its group counts.
     """
-    id_opts = FitOptions(opts.lr, id_epochs, opts.batch_size, opts.selection, opts.weight_decay)
+    id_opts = dataclasses.replace(opts, epochs=id_epochs)  # the same optimiser, for id_epochs
     fit_classifier(model, splits, cross_entropy, id_opts, generator, desc=desc)  # model keeps its last epoch
     train = splits["train"]
     errors = misclassified(model, train)
@@ -94,7 +102,7 @@ def train(job: TrainJob) -> Trained:
     cfg = job.cfg
 
     def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
-        first = build_mlp(job.prepared, cfg, job.dataset)
+        first, _ = build_classifier(job)  # the same network as the second run (same backbone and weights)
         ident = identify_errors(
             first, splits, FitOptions.from_config(cfg), cfg.id_epochs, generator,
             job.prepared.n_groups, desc=f"{job.desc} (identify)",
@@ -107,4 +115,4 @@ def train(job: TrainJob) -> Trained:
     return train_mlp(job, setup)
 
 
-register_method("jtt", JTTConfig, train, pretrained="init")
+register_method("jtt", JTTConfig, train, pretrained="init", model=("mlp", "backbone"))

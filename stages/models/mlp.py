@@ -17,6 +17,8 @@ from stages.registry import register_model
 class MLPClassifier(nn.Module):
     """standardise → encoder → linear head; `logits` is the evaluate-facing interface."""
 
+    on_accelerator = True  # runs on runtime.device (stages/models/training.py `place`)
+
     def __init__(self, encoder: MLPEncoder, n_classes: int, standardize: Standardize | None = None) -> None:
         super().__init__()
         self.standardize = standardize if standardize is not None else Standardize(encoder.in_dim)

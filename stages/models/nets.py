@@ -7,6 +7,8 @@ nothing else from the training run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 from torch import nn
@@ -29,6 +31,33 @@ class Standardize(nn.Module):
         x64 = x.double()
         std = x64.std(dim=0, unbiased=False)
         self.mean.copy_(x64.mean(dim=0).float())
+        self.std.copy_(torch.where(std < MIN_STD, torch.ones_like(std), std).float())
+        return self
+
+    @torch.no_grad()
+    def fit_batches(self, batches: Iterable[torch.Tensor]) -> Standardize:
+        """`fit` over a stream of batches (rows = examples, inputs as the model takes them), in one
+        pass: per-batch float64 mean and sum of squared deviations, merged by Chan et al.'s rule."""
+        n, mean, m2 = 0, None, None
+        for x in batches:
+            x64 = x.double()
+            k = x64.shape[0]
+            if k == 0:
+                continue
+            bm = x64.mean(dim=0)
+            bm2 = ((x64 - bm) ** 2).sum(dim=0)
+            if mean is None:
+                n, mean, m2 = k, bm, bm2
+                continue
+            delta = bm - mean
+            total = n + k
+            mean = mean + delta * (k / total)
+            m2 = m2 + bm2 + delta**2 * (n * k / total)
+            n = total
+        if mean is None:
+            raise ValueError("no rows to fit the standardisation on")
+        std = (m2 / n).sqrt()
+        self.mean.copy_(mean.float())
         self.std.copy_(torch.where(std < MIN_STD, torch.ones_like(std), std).float())
         return self
 
@@ -100,13 +129,34 @@ def batched_logits(model: nn.Module, x: np.ndarray, in_dim: int, n_classes: int,
     was_training = model.training
     model.eval()
     try:
+        from stages.runtime import current
+
+        device, rt = model_device(model), current()
         out = np.empty((len(x), n_classes), dtype=np.float32)
         for i in range(0, len(x), batch_size):
             xb = _as_tensor(x[i : i + batch_size])
-            out[i : i + len(xb)] = model(xb).float().numpy()
+            with rt.autocast(on=device):
+                out[i : i + len(xb)] = model(xb.to(device)).float().cpu().numpy()
         return out
     finally:
         model.train(was_training)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (the CPU for a module with neither)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def place(model: nn.Module) -> torch.device:
+    """Move `model` to the runtime's device if its class says it runs there (`on_accelerator`:
+    every tensor it makes follows its inputs' device); others stay on the CPU. Returns the device."""
+    from stages.runtime import current
+
+    device = torch.device(current().device if getattr(model, "on_accelerator", False) else "cpu")
+    model.to(device)
+    return device
 
 
 def _as_tensor(x: np.ndarray) -> torch.Tensor:

@@ -41,10 +41,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -54,10 +54,13 @@ from torch import nn
 
 from stages.artifacts import HISTORY_SCHEMA, SPLITS, Prepared, prepared_path, read_prepared
 from stages.io import ArtifactError, StageInterrupted, fault_point
+from stages.models.nets import model_device, place
 from stages.runtime import progress
 
 if TYPE_CHECKING:
     from stages.checkpoint import Checkpoint, Checkpointer
+    from stages.models.nets import Standardize
+    from stages.stream import PreparedFile, StreamSplit
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
@@ -88,10 +91,25 @@ class SplitData:
     def __len__(self) -> int:
         return len(self.y)
 
+    def x_batches(self, batch_size: int) -> Iterator[torch.Tensor]:
+        """The split's inputs in order, `batch_size` rows at a time (as `stream.StreamSplit`)."""
+        for i in range(0, len(self), batch_size):
+            yield self.x[i : i + batch_size]
 
-def split_data(prepared: Prepared) -> dict[str, SplitData]:
-    """The prepared splits as tensors, in `SPLITS` order; empty splits are left out."""
-    out: dict[str, SplitData] = {}
+
+Split = Union[SplitData, "StreamSplit"]
+"""A split in memory, or read in row groups (`runtime.stream`; stages/stream.py): both give
+`len`, `y`, `g`, `extra` and `x_batches`; `fit_loop` trains on either."""
+
+
+def split_data(prepared: Prepared | PreparedFile) -> dict[str, Split]:
+    """The prepared splits as tensors, in `SPLITS` order; empty splits are left out. A file opened
+    for streaming (`runtime.stream`) gives its splits as streams (stages/stream.py)."""
+    from stages.stream import PreparedFile
+
+    if isinstance(prepared, PreparedFile):
+        return dict(prepared.splits(SPLITS))
+    out: dict[str, Split] = {}
     for name in SPLITS:
         m = prepared.mask(name)
         if m.any():
@@ -103,15 +121,32 @@ def split_data(prepared: Prepared) -> dict[str, SplitData]:
     return out
 
 
-def read_prepared_input(dataset: str, need: tuple[str, ...] = SPLITS) -> Prepared:
-    """Read data/prepared/<dataset>.parquet; a missing file or split names the path and its maker."""
+def train_standardize(prepared: Prepared | PreparedFile) -> Standardize:
+    """Input standardisation fitted on the train split: in memory, or in one pass over the stream."""
+    from stages.models.nets import Standardize
+    from stages.runtime import current
+    from stages.stream import PreparedFile, batch_rows, to_input
+
+    in_dim = int(np.prod(prepared.shape))
+    if isinstance(prepared, PreparedFile):
+        split = prepared.splits(["train"])["train"]
+        rows = batch_rows(in_dim, 4096, itemsize=8)  # fit_batches works in float64
+        return Standardize(in_dim).fit_batches(to_input(x) for x in split.x_batches(rows, current().workers))
+    return Standardize(in_dim).fit(torch.from_numpy(prepared.subset("train").x))
+
+
+def read_prepared_input(dataset: str, need: tuple[str, ...] = SPLITS, stream: bool = False) -> Prepared | PreparedFile:
+    """Read data/prepared/<dataset>.parquet (with `stream`, open it for reading in row groups; its
+    `x` values are checked as they are read); a missing file or split names the path and its maker."""
+    from stages.stream import PreparedFile
+
     path = prepared_path(dataset)
     if not path.is_file():
         raise ArtifactError(
             f"{path}: prepared data not found; it is made by the prepare stage "
             f"(`python -m stages.prepare {dataset}` or `dvc repro prepare@{dataset}`)"
         )
-    prepared = read_prepared(path)
+    prepared = PreparedFile.open(path) if stream else read_prepared(path)
     check_values(prepared, path)
     for name in need:
         if not prepared.mask(name).any():
@@ -119,7 +154,7 @@ def read_prepared_input(dataset: str, need: tuple[str, ...] = SPLITS) -> Prepare
     return prepared
 
 
-def check_values(prepared: Prepared, path: Any) -> None:
+def check_values(prepared: Prepared | PreparedFile, path: Any) -> None:
     """The value-level contract training relies on; errors name the file, column and first bad row.
 
     The validate stage checks all of this and more before training in `dvc repro`; these
@@ -138,7 +173,8 @@ def check_values(prepared: Prepared, path: Any) -> None:
     bad("y", (prepared.y < 0) | (prepared.y >= prepared.n_classes), f"is outside 0..{prepared.n_classes - 1}")
     bad("a", (prepared.a < 0) | (prepared.a >= prepared.n_attrs), f"is outside 0..{prepared.n_attrs - 1}")
     bad("g", prepared.g != prepared.y * prepared.n_attrs + prepared.a, "differs from y * n_attrs + a")
-    bad("x", ~np.isfinite(prepared.x).all(axis=1), "has NaN or inf values")
+    if isinstance(prepared, Prepared):  # a streamed file's x is checked row group by row group as it is read
+        bad("x", ~np.isfinite(prepared.x).all(axis=1), "has NaN or inf values")
 
 
 # ---- losses ----------------------------------------------------------------------------------
@@ -196,16 +232,25 @@ def split_metrics(logits: torch.Tensor, y: torch.Tensor, g: torch.Tensor) -> dic
 
 @torch.no_grad()
 def evaluate_splits(
-    model: nn.Module, splits: Mapping[str, SplitData], batch_size: int = 4096, objective: LossFn | None = None
+    model: nn.Module, splits: Mapping[str, Split], batch_size: int = 4096, objective: LossFn | None = None
 ) -> dict[str, dict[str, float]]:
     """`split_metrics` of `model` on every split (eval mode, no gradients); with `objective` (a
-    `held_out` loss), val's metrics also hold "objective", its value on val's logits."""
+    `held_out` loss), val's metrics also hold "objective", its value on val's logits.
+
+    Batches go to the model's device under the runtime's autocast; logits come back as float32
+    on the CPU (both no-ops in the default CPU fp32 run)."""
+    from stages.runtime import current
+    from stages.stream import batch_rows, to_input
+
+    rt, device = current(), model_device(model)
     was_training = model.training
     model.eval()
     try:
         out = {}
         for name, s in splits.items():
-            logits = torch.cat([model(s.x[i : i + batch_size]) for i in range(0, len(s), batch_size)])
+            with rt.autocast(on=device):
+                rows = batch_rows(s.x.shape[1] if isinstance(s, SplitData) else s.file.dim, batch_size)
+                logits = torch.cat([model(to_input(x, device)).float().cpu() for x in s.x_batches(rows)])
             out[name] = split_metrics(logits, s.y, s.g)
             if objective is not None and name == "val":
                 out[name]["objective"] = float(objective(logits, {"y": s.y, "g": s.g, **s.extra}).item())
@@ -334,17 +379,30 @@ class FitOptions:
     batch_size: int
     selection: str = "val_avg"
     weight_decay: float = 0.0
+    optimizer: str = "adamw"  # stages.schema.OPTIMIZERS
+    momentum: float = 0.9  # sgd only
 
     @classmethod
     def from_config(cls, cfg: Any) -> FitOptions:
-        """From an ErmConfig / GroupDROConfig / DistillConfig (DistillConfig has no weight decay)."""
+        """From an ErmConfig / GroupDROConfig / DistillConfig (DistillConfig has no weight decay;
+        configs without `optimizer` train with AdamW)."""
         return cls(
             lr=cfg.lr,
             epochs=cfg.epochs,
             batch_size=cfg.batch_size,
             selection=cfg.selection,
             weight_decay=getattr(cfg, "weight_decay", 0.0),
+            optimizer=getattr(cfg, "optimizer", "adamw"),
+            momentum=getattr(cfg, "momentum", 0.9),
         )
+
+
+def make_optimizer(params: Any, opts: FitOptions) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay), or SGD with momentum and weight decay as an L2 term (torch's
+    SGD, as the GroupDRO/JTT/DFR code trains its ResNet-50s)."""
+    if opts.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
+    return torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
 
 
 @dataclass
@@ -371,18 +429,28 @@ def run_epoch(
     optimiser steps on it; so do non-finite weights at the end of the pass (a last step that
     diverged), so no caller ever scores or checkpoints NaN weights.
     """
-    n = len(next(iter(data.values())))
-    order = torch.randperm(n, generator=generator)
+    from stages.runtime import current
+    from stages.stream import to_input
+
+    rt = current()
+    device = optimizer.param_groups[0]["params"][0].device
+    scaler = rt.grad_scaler() if device.type == "cuda" else None
     total, steps = 0.0, 0
-    for i in range(0, n, batch_size):
-        idx = order[i : i + batch_size]
-        loss = batch_loss({k: v[idx] for k, v in data.items()})
+    for batch in _batches(data, batch_size, generator):
+        batch = {k: to_input(v, device) if k == "x" else v.to(device, non_blocking=True) for k, v in batch.items()}
+        with rt.autocast(on=device):
+            loss = batch_loss(batch)
         value = loss.item()
         if not math.isfinite(value):
             raise NonFiniteLoss(value, steps + 1)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         total += value
         steps += 1
     with torch.no_grad():
@@ -394,9 +462,25 @@ def run_epoch(
     return total / max(steps, 1)
 
 
+def _batches(data: Mapping[str, torch.Tensor] | StreamSplit, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+    """One epoch's minibatches: of tensors in memory, one seeded permutation of the rows; of a
+    stream (stages/stream.py), its seeded row-group and window shuffle."""
+    if not isinstance(data, Mapping):
+        from stages.runtime import current
+
+        rt = current()
+        yield from data.epoch(batch_size, generator, rt.shuffle_buffer, rt.workers)
+        return
+    n = len(next(iter(data.values())))
+    order = torch.randperm(n, generator=generator)
+    for i in range(0, n, batch_size):
+        idx = order[i : i + batch_size]
+        yield {k: v[idx] for k, v in data.items()}
+
+
 def fit_classifier(
     model: nn.Module,
-    splits: Mapping[str, SplitData],
+    splits: Mapping[str, Split],
     loss_fn: LossFn,
     opts: FitOptions,
     generator: torch.Generator,
@@ -416,16 +500,17 @@ def fit_classifier(
     def evaluate() -> dict[str, dict[str, float]]:
         return evaluate_splits(model, splits, objective=held_out(loss_fn))
 
+    train = splits["train"]
     return fit_loop(
-        model, splits, splits["train"].tensors(), step, evaluate, opts, generator,
+        model, splits, train.tensors() if isinstance(train, SplitData) else train, step, evaluate, opts, generator,
         desc=desc, checkpoint=checkpoint, loss_state=loss_fn if hasattr(loss_fn, "state_dict") else None,
     )
 
 
 def fit_loop(
     model: nn.Module,
-    splits: Mapping[str, SplitData],
-    train: Mapping[str, torch.Tensor],
+    splits: Mapping[str, Split],
+    train: Mapping[str, torch.Tensor] | StreamSplit,
     step: Callable[[Batch], torch.Tensor],
     evaluate: Callable[[], dict[str, dict[str, float]]],
     opts: FitOptions,
@@ -438,8 +523,9 @@ def fit_loop(
 ) -> FitResult:
     """The one epoch / selection / checkpoint loop of every trained model (classifiers and generative).
 
-    Each epoch runs `run_epoch(train, step, ...)` (AdamW over `model`, batches drawn with
-    `generator`); every `eval_every` epochs and at the last one `evaluate()` gives the
+    Each epoch runs `run_epoch(train, step, ...)` (`opts.optimizer` over `model`, batches drawn with
+    `generator`; `train` is the split's tensors, or a `stream.StreamSplit`); the model runs on
+    the runtime's device if it can (`place`), under its autocast; every `eval_every` epochs and at the last one `evaluate()` gives the
     metrics of every split (one history row each) and the best epoch by `opts.selection`
     is kept (ties to the earlier epoch). `model` is left holding its last-epoch weights in
     train mode; the selected ones are in the result.
@@ -463,7 +549,8 @@ def fit_loop(
     split_name, metric = SELECTION_METRIC[opts.selection]
     if split_name not in splits:
         raise ArtifactError(f"selection '{opts.selection}' needs split '{split_name}', which has no rows")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
+    place(model)
+    optimizer = make_optimizer(model.parameters(), opts)
     rows: list[dict[str, Any]] = []
     best: _Best | None = None
     start = 1
@@ -559,6 +646,10 @@ def _restore(
     for prefix in ("model", "best") if meta.get("best") else ("model",):
         expected.update({f"{prefix}.{k}": (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()})
     for i, p in enumerate(model.parameters()):
+        if isinstance(optimizer, torch.optim.SGD):
+            if optimizer.defaults["momentum"]:
+                expected[f"optim.{i}.momentum_buffer"] = (tuple(p.shape), p.dtype)
+            continue
         expected.update({f"optim.{i}.exp_avg": (tuple(p.shape), p.dtype), f"optim.{i}.exp_avg_sq": (tuple(p.shape), p.dtype),
                          f"optim.{i}.step": ((), torch.float32)})
     if loss_state is not None:
@@ -622,10 +713,12 @@ class TrainJob:
         from stages.artifacts import pretrained_dir
         from stages.checkpoint import Checkpointer, fingerprint
         from stages.models import ENCODER
+        from stages.models.external import local_files
 
         here = Path(__file__).resolve().parent.parent
         pretrained = getattr(self.cfg, "init", "scratch") == "pretrained"
         inputs = [prepared_path(self.dataset)] + ([pretrained_dir(self.dataset) / ENCODER] if pretrained else [])
+        inputs += local_files(self.cfg)  # a network's initial weights, its vocabulary
         code = code or [here / "train.py", here / "models", here / "checkpoint.py", here / "runtime.py"]
         config = {"dataset": self.dataset, "method": self.method, "seed": self.seed, "config": dataclasses.asdict(self.cfg)}
         return Checkpointer(
