@@ -199,21 +199,31 @@ class Prepared:
 REQUIRED_META = ("dataset", "n_classes", "n_attrs", "shape")
 
 
-def read_prepared(path: str | Path) -> Prepared:
-    """Read a prepared Parquet, checking the contract's columns, types and metadata."""
-    path = Path(path)
+def prepared_meta(path: Path) -> tuple[dict[str, Any], pa.Schema]:
+    """A prepared file's metadata (every REQUIRED_META key present) and the schema it declares."""
     meta = read_metadata(path)
     for key in REQUIRED_META:
         if key not in meta:
             raise ArtifactError(f"{path}: file metadata lacks '{key}' (was it written by stages.prepare?)")
     try:
-        schema = prepared_schema_for(meta)
+        return meta, prepared_schema_for(meta)
     except ArtifactError as e:
         raise ArtifactError(f"{path}: {e}") from None
-    table = read_parquet(path, schema)
+
+
+def check_no_nulls(table: pa.Table, path: Path) -> None:
+    """The contract's base columns hold no nulls (named with their count)."""
     for name in PREPARED_BASE.names:
         if table.column(name).null_count:
             raise ArtifactError(f"{path}: column '{name}' has {table.column(name).null_count} null values")
+
+
+def read_prepared(path: str | Path) -> Prepared:
+    """Read a prepared Parquet, checking the contract's columns, types and metadata."""
+    path = Path(path)
+    meta, schema = prepared_meta(path)
+    table = read_parquet(path, schema)
+    check_no_nulls(table, path)
     x = x_to_float(table.column("x"), meta)
     has_text = "text" in schema.names
     return Prepared(

@@ -269,18 +269,21 @@ def inference_cost(classifier: Any, x: np.ndarray, batch_size: int) -> dict[str,
     return {"parameters": n_values, "macs_per_example": counter.macs / len(x)}
 
 
+def scores_rows_alone(classifier: Any) -> bool:
+    """Whether a model's logits of a row depend on that row only, so that they can be computed
+    chunk by chunk (a discriminative network on `x`: the MLP and timm classifiers). A generative
+    scorer (which also gives log-likelihoods, and shares its noise draws across a call's rows) or a
+    text model reads the file whole."""
+    return (getattr(classifier, "on_accelerator", False) and getattr(classifier, "input", "x") == "x"
+            and not callable(getattr(classifier, "log_likelihood", None)))
+
+
 def stream_logits(classifier: Any, prepared: PreparedFile, batch_size: int) -> np.ndarray:
     """Logits of every row in file order, `x` read row group by row group (runtime.stream): the same
     `batch_size` batches `classifier.logits` makes of the whole array, so the same bytes. Only
-    for models that score each row on its own (`on_accelerator`, e.g. the MLP and timm classifiers);
-    a generative model's scorer batches draws across rows, so it needs runtime.stream=false."""
+    for models that `scores_rows_alone`."""
     from stages.stream import to_input
 
-    if not getattr(classifier, "on_accelerator", False):
-        raise ArtifactError(
-            f"{prepared.path}: a {classifier.kind} model is scored on the whole file at once, which "
-            f"runtime.stream=true does not do; set runtime.stream=false for it"
-        )
     parts = [classifier.logits(to_input(x).numpy(), batch_size=batch_size)
              for x in prepared.all_rows().x_batches(batch_size)]
     return np.concatenate(parts) if parts else np.zeros((0, prepared.n_classes), dtype=np.float32)
@@ -379,6 +382,7 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
 
     rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
     # runtime.stream: only the small columns in memory, `x` scored row group by row group (stream_logits)
+    # for a model that scores rows one by one; any other reads the file whole once it is loaded
     prepared = PreparedFile.open(prepared_file) if rt.stream else read_prepared(prepared_file)
     mdir = model_dir(dataset, model, seed_int)
     if not mdir.is_dir():
@@ -402,6 +406,8 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
         from stages.models.nets import place
 
         place(classifier)
+    if isinstance(prepared, PreparedFile) and not scores_rows_alone(classifier):
+        prepared = read_prepared(prepared_file)
     weights = mdir / WEIGHTS
     made = provenance.record(
         dataset=dataset, model=model, kind=provenance.read(weights)["kind"], seed=seed_int,

@@ -52,6 +52,7 @@ class MethodSpec:
     # whose trained model (data/models/<dataset>/<that method>/seed=<seed>/) it reads; or None
     upstream: str | None
     module: str
+    streams: bool = False  # trains from a `stream.PreparedFile` when runtime.stream is on (else reads the file whole)
 
     @property
     def summary(self) -> str:
@@ -110,6 +111,7 @@ def register_method(
     model: str | tuple[str, ...] = "mlp",
     fit: Callable[..., Any] | None = None,
     upstream: str | None = None,
+    streams: bool = False,
 ) -> MethodSpec:
     """Declare a method kind (call once, at the bottom of its module). Give the capabilities
     as literals: stages/dag.py reads them from the source to write the DVC dependencies.
@@ -117,13 +119,15 @@ def register_method(
     `pretrained`: "never", "always", or the name of a config key (e.g. "init") whose value
     "pretrained" means the method reads data/pretrained/<dataset>/. `upstream`: the name of a
     config key whose value, unless "pretrained", names another method (of run.methods) whose
-    trained model, same dataset and seed, the method reads."""
+    trained model, same dataset and seed, the method reads. `streams`: its train reads the prepared
+    file row group by row group when runtime.stream is on (stages/stream.py); the others read it
+    whole either way."""
     keys = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else set()
     if pretrained not in PRETRAINED and pretrained not in keys:
         raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED} or a key of its schema {sorted(keys)}, got {pretrained!r}")
     if upstream is not None and upstream not in keys:
         raise TypeError(f"method kind '{kind}': upstream must be a key of its schema {sorted(keys)}, got {upstream!r}")
-    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, train.__module__)
+    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, train.__module__, streams)
     return _add(_METHODS, kind, spec, "method")
 
 

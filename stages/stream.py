@@ -35,8 +35,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from stages.artifacts import PREPARED_BASE, REQUIRED_META, prepared_schema_for
-from stages.io import ArtifactError, _open_parquet, read_metadata, read_parquet
+from stages.artifacts import PREPARED_BASE, check_no_nulls, prepared_meta
+from stages.io import ArtifactError, _open_parquet, read_parquet
 
 SLICE_BYTES = 4 << 20
 """A row group's `x` is decoded in slices of about this many bytes of values."""
@@ -78,19 +78,10 @@ class PreparedFile:
     def open(cls, path: str | Path) -> PreparedFile:
         """Open `path`, checking the contract's columns, types and metadata as `read_prepared` does."""
         path = Path(path)
-        meta = read_metadata(path)
-        for key in REQUIRED_META:
-            if key not in meta:
-                raise ArtifactError(f"{path}: file metadata lacks '{key}' (was it written by stages.prepare?)")
-        try:
-            schema = prepared_schema_for(meta)
-        except ArtifactError as e:
-            raise ArtifactError(f"{path}: {e}") from None
+        meta, schema = prepared_meta(path)
         small = read_parquet(path, pa.schema([schema.field(n) for n in PREPARED_BASE.names]), columns=list(PREPARED_BASE.names))
         read_parquet_x_type(path, schema.field("x").type)
-        for name in PREPARED_BASE.names:
-            if small.column(name).null_count:
-                raise ArtifactError(f"{path}: column '{name}' has {small.column(name).null_count} null values")
+        check_no_nulls(small, path)
         md = _open_parquet(path, pre_buffer=False).metadata
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         return cls(

@@ -90,7 +90,8 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     # A hand-written params file may lack the `train` section: conf/'s values then.
     has = OmegaConf.select(params, "train") is not None
     settings = section(params, "train", TrainConfig) if has else defaults("train", "default")
-    prepared = read_prepared_input(dataset, stream=rt.stream)
+    streamed = rt.stream and spec.streams  # a method that cannot stream reads the file whole (recorded below)
+    prepared = read_prepared_input(dataset, stream=streamed)
     # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
     check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
     # and every output location takes a file: a read-only folder stops it now, not after training
@@ -113,7 +114,8 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         "reads_splits": list(reads_splits(cfg)),
         **trained.record,
         # where the model ran: the runtime's device, or the CPU for a model that stays there (training.place)
-        "runtime": {**rt.record(), "device": str(model_device(trained.model)) if isinstance(trained.model, nn.Module) else "cpu"},
+        "runtime": {**rt.record(), "stream": streamed,
+                    "device": str(model_device(trained.model)) if isinstance(trained.model, nn.Module) else "cpu"},
     }
     made = provenance.record(
         dataset=dataset, model=method, kind=cfg.kind, seed=seed_i, stage=f"train@{dataset}-{method}-{seed_i}",

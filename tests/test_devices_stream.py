@@ -186,10 +186,13 @@ def test_erm_trains_from_the_stream_deterministically_and_learns(images):
     assert (model_dir(DS, "erm", 0) / WEIGHTS).read_bytes() == first
 
 
-def test_a_method_that_needs_the_whole_file_says_so_with_stream(images, capsys):
-    assert train.main([DS, "lda", "0", "runtime.stream=true"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "runtime.stream=true" in err and str(prepared_path(DS)) in err and len(err.splitlines()) == 1
+def test_a_method_that_cannot_stream_reads_the_file_whole_and_says_so(images):
+    assert train.main([DS, "lda", "0", "runtime.stream=true"]) == 0
+    assert read_json(model_dir(DS, "lda", 0) / CONFIG)["runtime"]["stream"] is False  # what it actually did
+    assert train.main([DS, "erm", "0", *FAST, "runtime.stream=true"]) == 0
+    assert read_json(model_dir(DS, "erm", 0) / CONFIG)["runtime"]["stream"] is True
+    with pytest.raises(ArtifactError, match=r"reads the whole `x` column into memory, which runtime.stream=true does not do"):
+        _ = PreparedFile.open(prepared_path(DS)).x  # the guard a method that claims to stream would hit
 
 
 def test_a_corrupt_value_in_a_streamed_float_file_names_row_and_id(tmp_path):

@@ -26,4 +26,4 @@ def train(job: TrainJob) -> Trained:
     return train_mlp(job)
 
 
-register_method("erm", ErmConfig, train, pretrained="init", model=("mlp", "backbone"))
+register_method("erm", ErmConfig, train, pretrained="init", model=("mlp", "backbone"), streams=True)

@@ -76,4 +76,4 @@ def train(job: TrainJob) -> Trained:
     return train_mlp(job, setup)
 
 
-register_method("groupdro", GroupDROConfig, train, pretrained="init", model=("mlp", "backbone"))
+register_method("groupdro", GroupDROConfig, train, pretrained="init", model=("mlp", "backbone"), streams=True)

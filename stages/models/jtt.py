@@ -115,4 +115,4 @@ def train(job: TrainJob) -> Trained:
     return train_mlp(job, setup)
 
 
-register_method("jtt", JTTConfig, train, pretrained="init", model=("mlp", "backbone"))
+register_method("jtt", JTTConfig, train, pretrained="init", model=("mlp", "backbone"), streams=True)

@@ -56,4 +56,4 @@ def train(job: TrainJob) -> Trained:
     return train_mlp(job, setup)
 
 
-register_method("reweight", ReweightConfig, train, pretrained="init", model=("mlp", "backbone"))
+register_method("reweight", ReweightConfig, train, pretrained="init", model=("mlp", "backbone"), streams=True)
