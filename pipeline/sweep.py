@@ -132,7 +132,10 @@ def finished_experiments(root: str) -> dict[str, str]:
     """{name: commit} of the DVC experiments on the workspace's current baseline commit."""
     from dvc.repo import Repo
 
-    with Repo(root) as repo:
+    # Wait for the repo's lock as the points' `dvc --wait-for-lock exp run` do: a parallel point holds it
+    # while DVC stashes and composes its params (DVC's default gives up after 3 s, which a loaded
+    # machine exceeds).
+    with Repo(root, _wait_for_lock=True) as repo:
         return {name: rev for exps in repo.experiments.ls().values() for name, rev in exps if name}
 
 
