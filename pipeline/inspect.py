@@ -11,7 +11,8 @@
 - A JSON file (metrics, plot data, validation results) or a safetensors file (weights):
   a short summary of its content and its lineage.
 - A directory: every artifact in it with its size and the stage that wrote it.
-- Anything else, or a corrupt file: one line on stderr and exit code 2.
+- Anything else (a FIFO, socket or device is never opened), a symlink loop, or a corrupt file:
+  one line on stderr and exit code 2.
 
 Output is bounded whatever the file holds: long metadata values, strings and lists are cut
 (with the cut marked), and at most MAX_ENTRIES files/keys are listed. `--json` prints the same
@@ -21,10 +22,13 @@ information as one JSON object for scripts.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +37,7 @@ from typing import Any
 MAX_TEXT = 200  # characters of any one value shown
 MAX_ENTRIES = 50  # metadata keys, directory entries, JSON keys
 MAX_LIST = 8  # list elements shown in a cell
+MAX_DEPTH = 20  # levels of nested lists/objects shown
 PARQUET_MAGIC = b"PAR1"
 # Control characters (ANSI escapes start with ESC) and bidi overrides: shown escaped, never raw.
 UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -47,8 +52,11 @@ class InspectError(Exception):
     """The path cannot be explained (missing, not an artifact, corrupt)."""
 
 
-def clip(value: Any, limit: int = MAX_TEXT) -> Any:
-    """`value` made safe to print: strings cut to `limit`, lists to MAX_LIST, dicts to MAX_ENTRIES."""
+def clip(value: Any, limit: int = MAX_TEXT, depth: int = 0) -> Any:
+    """`value` made safe to print: strings cut to `limit`, lists to MAX_LIST, dicts to MAX_ENTRIES,
+    nesting to MAX_DEPTH (JSON a few hundred levels deep would exhaust Python's recursion)."""
+    if isinstance(value, list | tuple | dict) and depth >= MAX_DEPTH:
+        return f"… ({type(value).__name__} nested deeper than {MAX_DEPTH} levels)"
     if isinstance(value, str):
         if len(value) <= limit:
             return printable(value)
@@ -58,11 +66,11 @@ def clip(value: Any, limit: int = MAX_TEXT) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, list | tuple):
-        head = [clip(v, limit) for v in value[:MAX_LIST]]
+        head = [clip(v, limit, depth + 1) for v in value[:MAX_LIST]]
         return head + ([f"… (+{len(value) - MAX_LIST} more)"] if len(value) > MAX_LIST else [])
     if isinstance(value, dict):
         items = list(value.items())
-        out = {str(clip(k, 60)): clip(v, limit) for k, v in items[:MAX_ENTRIES]}
+        out = {str(clip(k, 60)): clip(v, limit, depth + 1) for k, v in items[:MAX_ENTRIES]}
         if len(items) > MAX_ENTRIES:
             out["…"] = f"+{len(items) - MAX_ENTRIES} more keys"
         return out
@@ -90,6 +98,8 @@ def load_lock(root: Path | None) -> dict[str, Any]:
         lock = yaml.safe_load((root / "dvc.lock").read_text()) or {}
     except yaml.YAMLError as e:
         raise InspectError(f"{root / 'dvc.lock'}: not valid YAML ({e})") from e
+    except RecursionError:
+        raise InspectError(f"{root / 'dvc.lock'}: YAML nested too deeply to read") from None
     stages = lock.get("stages", {}) if isinstance(lock, dict) else {}
     return stages if isinstance(stages, dict) else {}
 
@@ -213,7 +223,7 @@ def inspect_parquet(path: Path, rows: int) -> dict[str, Any]:
         key, v = k.decode(errors="replace"), raw[k]
         try:
             meta[key] = json.loads(v)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # shown as the text it is
             meta[key] = v.decode(errors="replace")
     info: dict[str, Any] = {
         "kind": "parquet",
@@ -243,6 +253,8 @@ def inspect_json(path: Path) -> dict[str, Any]:
         obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InspectError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError:  # the parser recurses once per level
+        raise InspectError(f"{path}: JSON nested too deeply to read (over ~{sys.getrecursionlimit()} levels of arrays or objects)") from None
     info: dict[str, Any] = {"kind": "json"}
     if isinstance(obj, dict):
         info["keys"] = clip(sorted(obj))
@@ -263,6 +275,10 @@ def inspect_safetensors(path: Path) -> dict[str, Any]:
             header = json.loads(f.read(n))
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
         raise InspectError(f"{path}: not a valid safetensors file ({e})") from e
+    except RecursionError:
+        raise InspectError(f"{path}: not a valid safetensors file (its JSON header is nested too deeply to read)") from None
+    if not isinstance(header, dict):
+        raise InspectError(f"{path}: not a valid safetensors file (its header is JSON {type(header).__name__}, not an object)")
     meta = header.pop("__metadata__", {}) or {}
     shiftlab = meta.get("shiftlab")
     try:
@@ -287,11 +303,39 @@ def inspect_dir(path: Path, root: Path | None, stages: dict[str, Any]) -> dict[s
     return out
 
 
+# What a path that is neither a file nor a folder is (os.stat's mode), for the refusal.
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_path(p: Path) -> os.stat_result:
+    """`p`'s stat if it is a regular file or a folder (symlinks followed), else InspectError:
+    missing, a symlink loop, a dangling symlink, or a FIFO, socket or device, which are never
+    opened (reading a FIFO blocks until a writer comes, /dev/zero never ends)."""
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InspectError(f"{p}: a symlink loop (too many levels of symbolic links); nothing to inspect") from None
+        if e.errno == errno.ENOENT and os.path.islink(p):
+            raise InspectError(f"{p}: a symlink to {os.readlink(p)!r}, which does not exist") from None
+        if e.errno == errno.ENOENT:
+            raise InspectError(f"{p}: no such file or directory") from None
+        raise InspectError(f"{p}: cannot be read ({e.strerror or e})") from None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return st
+    what = next((name for test, name in _SPECIAL if test(st.st_mode)), "not a regular file")
+    raise InspectError(f"{p}: {what}, not a file or folder; inspect reads artifact files (Parquet, JSON, safetensors) and folders")
+
+
 def inspect(path: str | Path, rows: int = 5) -> dict[str, Any]:
     """Everything `python -m pipeline.inspect` prints, as a dict."""
     p = Path(path)
-    if not p.exists():
-        raise InspectError(f"{p}: no such file or directory")
+    check_path(p)
     root = find_root(p)
     stages = load_lock(root)
     if p.is_dir():

@@ -305,25 +305,60 @@ def sweep(
     return statuses
 
 
+def value_sets(axes: Sequence[tuple[str, list[str]]]) -> list[tuple[str | None, list[str]]]:
+    """The override sets that check every grid value once: every axis at its first value (the
+    grid entry to blame is found in the error), then each other value with the other axes at
+    their first. (entry to blame or None, overrides)."""
+    firsts = [f"{k}={vs[0]}" for k, vs in axes]
+    sets: list[tuple[str | None, list[str]]] = [(None, firsts)]
+    for i, (key, values) in enumerate(axes):
+        for v in values[1:]:
+            sets.append((f"{key}={','.join(values)}", [*firsts[:i], f"{key}={v}", *firsts[i + 1:]]))
+    return sets
+
+
 def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: str = ".") -> int:
     """What the command line refuses before any point starts (ValueError, one line): a
-    malformed grid or name, a folder that is not a DVC project, or fixed overrides that do not
-    compose into a valid config (every point would fail on them). Returns the point count.
-    A grid value that is invalid is not refused here: its point fails and is reported with
-    the others, as in the flow."""
+    malformed grid or name, a folder that is not a DVC project, fixed overrides that do not
+    compose into a valid config, and a grid key or value that does not (an unknown key, `[]`
+    where a list may not be empty, a value of the wrong type or out of range): each would fail
+    inside every point it is in. Every value is composed once, in one `stages.config compose
+    --set ...` process (the points' own composition), with the fixed overrides first. Returns
+    the point count. The flow itself (a Prefect deployment runs it without this) still reports
+    a point that fails with the others."""
     import subprocess
 
+    axes = parse_grid(grid)
     points = expand_grid(grid)
     sanitize(name)
     if not (Path(root) / ".dvc").is_dir() or not (Path(root) / "conf").is_dir():
         raise ValueError(f"{Path(root).resolve()}: not a shiftlab DVC project (no .dvc/ or conf/ here); run the sweep from the repository's root")
-    with tempfile.TemporaryDirectory(prefix="shiftlab-sweep-check-") as tmp:  # the flow's composition, into a scratch file
-        cmd = [sys.executable, "-m", "stages.config", "compose", "--params", str(Path(tmp) / "params.yaml"), *overrides]
-        proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-        raise ValueError(f"--override {' '.join(overrides)}: {lines[-1].removeprefix('config: error: ')}")
-    return len(points)
+    sets = [(None, [])] + value_sets(axes) if overrides else value_sets(axes)  # the fixed ones alone first: blamed alone
+    cmd = [sys.executable, "-m", "stages.config", "compose", *overrides]
+    for _, extra in sets:
+        cmd += ["--set", *extra]
+    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
+    if proc.returncode == 0:
+        return len(points)
+    lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+    line = lines[-1].removeprefix("config: error: ")
+    m = re.match(r"--set (\d+): ", line)
+    if m is None or not 0 < int(m.group(1)) <= len(sets):  # not a composition error: say what it was
+        raise ValueError(f"the grid could not be checked: {line}")
+    blame, extra = sets[int(m.group(1)) - 1]
+    what = line[m.end():].removeprefix(f"conf/ with overrides {[*overrides, *extra]}: ")
+    what = what.split("; the composed config is refused")[0]  # the hydra plugin's words for params.yaml
+    if not extra:
+        raise ValueError(f"--override {' '.join(overrides)}: {what}; no point was started")
+    if blame is None:  # the first values: the axis whose key the error names
+        keys = [(k, vs) for k, vs in axes if _grid_key(k) in what] or axes
+        blame = "; ".join(f"{k}={','.join(vs)}" for k, vs in keys)
+    raise ValueError(f"--grid {blame}: {what}; no point was started")
+
+
+def _grid_key(key: str) -> str:
+    """The config key a grid key overrides: `+a.b` and `~a.b` -> `a.b`, `group@a.b` -> `a.b`."""
+    return key.lstrip("+~").split("@")[-1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -218,16 +218,40 @@ def check_no_nulls(table: pa.Table, path: Path) -> None:
             raise ArtifactError(f"{path}: column '{name}' has {table.column(name).null_count} null values")
 
 
+def check_finite_x(x: np.ndarray, ids: np.ndarray, path: Path, first_row: int = 0, whole: bool = True) -> None:
+    """`x` (float rows of a prepared file) holds no NaN or ±inf; the error names the file, the
+    column and the first bad row and its id. Every reader of prepared rows calls it before it
+    computes or writes anything (read_prepared; pretrain's label-free reader; the streamed reader
+    per row group, where `first_row` is the group's first row and `whole=False`: it cannot count
+    the rows of groups it has not read)."""
+    bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+    if len(bad):
+        row = first_row + int(bad[0])
+        count = f" in {len(bad)} row(s)" if whole else ""
+        raise ArtifactError(f"{path}: column 'x' has NaN or inf values{count}, first at row {row} (id {ids[row]})")
+
+
+def finite_x(column: pa.ChunkedArray | pa.Array, ids: np.ndarray, meta: dict[str, Any], path: Path) -> np.ndarray:
+    """The `x` column as float32 (x_to_float), refused (check_finite_x) if a float feature is
+    NaN or ±inf; uint8 pixels are finite by construction."""
+    x = x_to_float(column, meta)
+    if meta.get("x_dtype", "float32") != "uint8":
+        check_finite_x(x, ids, path)
+    return x
+
+
 def read_prepared(path: str | Path) -> Prepared:
-    """Read a prepared Parquet, checking the contract's columns, types and metadata."""
+    """Read a prepared Parquet, checking the contract's columns, types and metadata, and that
+    float features are finite (pixels stored as uint8 are by construction)."""
     path = Path(path)
     meta, schema = prepared_meta(path)
     table = read_parquet(path, schema)
     check_no_nulls(table, path)
-    x = x_to_float(table.column("x"), meta)
+    ids = table.column("id").to_numpy()
+    x = finite_x(table.column("x"), ids, meta, path)
     has_text = "text" in schema.names
     return Prepared(
-        id=table.column("id").to_numpy(),
+        id=ids,
         split=np.asarray(table.column("split").to_pylist(), dtype=object),
         y=table.column("y").to_numpy(),
         a=table.column("a").to_numpy(),

@@ -9,6 +9,7 @@ stage sections' schemas are in stages/settings.py.
 
     python -m stages.config check      # validate the whole params.yaml
     python -m stages.config compose    # regenerate params.yaml from conf/ (as `dvc exp run` does)
+    python -m stages.config compose a=1 --set b=1 --set b=2    # check both compose; write nothing
 
 Composition validates before anything is written: our Hydra plugin's `shiftlab.dag` resolver
 (hydra_plugins/shiftlab) runs `check_composed` on the composed config while DVC's
@@ -311,6 +312,22 @@ def compose(config_dir: str | Path = "conf", output: str | Path = PARAMS, overri
     return Path(output)
 
 
+def compose_each(sets: Sequence[Sequence[str]], config_dir: str | Path = "conf") -> int:
+    """Compose conf/ with each set of overrides in turn, as `compose` does, into a scratch file:
+    nothing in the project is written. The first set that does not compose raises its
+    ConfigError prefixed `--set <n>: ` (1-based). Returns the number of sets. pipeline.sweep
+    checks every grid value this way before any point starts."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shiftlab-compose-each-") as tmp:
+        for n, overrides in enumerate(sets, 1):
+            try:
+                compose(config_dir, Path(tmp) / "params.yaml", overrides)
+            except ConfigError as e:
+                raise ConfigError(f"--set {n}: {e}") from None
+    return len(sets)
+
+
 def _hydra_plugin() -> Any:
     """hydra_plugins/shiftlab of the project in the working directory (DVC imports it the same way)."""
     import importlib
@@ -346,8 +363,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=["check", "compose", "show"])
     parser.add_argument("overrides", nargs="*", default=[])
     parser.add_argument("--params", default=str(PARAMS))
+    parser.add_argument(
+        "--set", dest="sets", action="append", nargs="*", metavar="KEY=VALUE",
+        help="compose only: compose once per --set (after the other overrides) and write nothing; "
+             "the first that fails is named by its position (`--set 2: ...`)",
+    )
     args = parser.parse_intermixed_args(argv)  # `compose --params p.yaml key=value` too
     try:
+        if args.sets is not None:
+            if args.command != "compose":
+                parser.error("--set goes with compose")
+            n = compose_each([[*args.overrides, *s] for s in args.sets])
+            print(f"config: {n} override set(s) compose into valid configs (nothing written)")
+            return 0
         if args.command == "compose":
             check_writable(args.params)  # a folder or a read-only one: say so before composing
             print(f"config: wrote {compose(output=args.params, overrides=args.overrides)}")

@@ -40,9 +40,10 @@ class UnlabelledInputs:
 
 
 def read_inputs(dataset: str) -> UnlabelledInputs:
-    """id, split and x of the prepared file — the label columns are never read."""
-    from stages.artifacts import prepared_path, prepared_schema_for, x_to_float
-    from stages.io import ArtifactError, read_metadata, read_parquet
+    """id, split and x of the prepared file — the label columns are never read — with the
+    checks every reader of prepared rows makes (metadata, schema, finite x), before any work."""
+    from stages.artifacts import finite_x, prepared_meta, prepared_path
+    from stages.io import ArtifactError, read_parquet
 
     path = prepared_path(dataset)
     if not path.is_file():
@@ -50,15 +51,14 @@ def read_inputs(dataset: str) -> UnlabelledInputs:
             f"{path}: prepared data not found; it is made by the prepare stage "
             f"(`python -m stages.prepare {dataset}` or `dvc repro prepare@{dataset}`)"
         )
-    meta = read_metadata(path)
-    if "shape" not in meta:
-        raise ArtifactError(f"{path}: file metadata lacks 'shape' (was it written by stages.prepare?)")
-    schema = prepared_schema_for(meta)
+    meta, schema = prepared_meta(path)
     table = read_parquet(path, schema, columns=["id", "split", "x"])
+    ids = table.column("id").to_numpy()
+    x = finite_x(table.column("x"), ids, meta, path)  # NaN would train to NaN weights and embeddings
     split = np.asarray(table.column("split").to_pylist(), dtype=object)
     if not (split == "train").any():
         raise ArtifactError(f"{path}: split 'train' has no rows")
-    return UnlabelledInputs(table.column("id").to_numpy(), split, x_to_float(table.column("x"), meta))
+    return UnlabelledInputs(ids, split, x)
 
 
 def fit_dae(

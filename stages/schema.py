@@ -73,16 +73,21 @@ class Checks:
         self.require(0.0 <= value <= 1.0, key, f"must be in [0, 1], got {value}")
 
     def positive(self, value: float, key: str) -> None:
-        if isinstance(value, float) and math.isinf(value):  # lr=inf would train on NaN
-            self.require(False, key, f"must be a finite number > 0, got {value}")
-            return
-        self.require(value > 0, key, f"must be > 0, got {value}")
+        self.at_least(value, key, 0, strict=True)
 
     def non_negative(self, value: float, key: str) -> None:
-        self.require(value >= 0, key, f"must be >= 0, got {value}")
+        self.at_least(value, key, 0)
 
-    def at_least(self, value: float, key: str, low: float) -> None:
-        self.require(value >= low, key, f"must be >= {low}, got {value}")
+    def at_least(self, value: float, key: str, low: float, strict: bool = False) -> None:
+        """`value` >= `low` (> with `strict`). One rule and one wording for a float key: NaN and
+        ±inf are refused as "must be a finite number > 0" (nan compares false, inf passes a lower
+        bound, and either would train on NaN); an int key reads "must be >= 0"."""
+        op = ">" if strict else ">="
+        ok = value > low if strict else value >= low
+        if isinstance(value, float):
+            self.require(ok and math.isfinite(value), key, f"must be a finite number {op} {low}, got {value}")
+        else:
+            self.require(ok, key, f"must be {op} {low}, got {value}")
 
     def choice(self, value: str, key: str, options: Sequence[str]) -> None:
         self.require(value in options, key, f"must be one of {list(options)}, got '{value}'")
@@ -112,10 +117,41 @@ class Checks:
             self.require(getattr(cfg, k) >= low, k, f"must be >= {low}, got {getattr(cfg, k)}")
 
 
+def non_finite(value: Any, key: str = "") -> list[tuple[str, Any]]:
+    """(key, value) of every float in `value` that is NaN or ±inf, with its key relative to
+    `value` (`lr`, `panels[0].x_values`): through dataclass fields, lists and mappings."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [(key, value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [hit for f in dataclasses.fields(value) for hit in non_finite(getattr(value, f.name), f"{key}.{f.name}".lstrip("."))]
+    if isinstance(value, dict):
+        return [hit for k, v in value.items() for hit in non_finite(v, f"{key}.{k}".lstrip("."))]
+    if isinstance(value, (list, tuple)):
+        bad = [hit for i, v in enumerate(value) for hit in non_finite(v, f"{key}[{i}]")]
+        # a list of numbers is one key: named once, with the whole list
+        return [(key, list(value))] if bad and all(isinstance(v, (int, float)) for v in value) else bad
+    return []
+
+
 def check(obj: Any) -> list[tuple[str, str]]:
-    """The range errors of a schema instance (its `check(Checks)`), as (relative key, message)."""
+    """The range errors of a schema instance (its `check(Checks)`), as (relative key, message).
+
+    Every float key of every schema must be finite, whatever its own check says: a NaN or ±inf
+    left by a check that only bounds one side (`c.require(v > 0, ...)`) is refused here.
+    """
     checks = Checks()
     obj.check(checks)
+    named = {k for k, _ in checks.errors}
+    bad = non_finite(obj)
+    for key, value in bad:
+        if key not in named and key.split("[")[0] not in named:
+            what = "must hold finite numbers" if isinstance(value, list) else "must be a finite number"
+            checks.require(False, key, f"{what}, got {value}")
+    if bad:  # a NaN fails every comparison made with it (its range, then a sum of fractions under
+        # another key's name): only the non-finite keys are named, each once, by the first message
+        keys = [k for k, _ in bad] + [k.split("[")[0] for k, _ in bad]
+        first = {k: m for k, m in reversed(checks.errors)}
+        checks.errors = [(k, first[k]) for k in dict.fromkeys(keys) if k in first]
     for f in dataclasses.fields(obj) if dataclasses.is_dataclass(obj) else ():
         if _is_seed_key(f.name):  # one range for every seed of every schema
             value = getattr(obj, f.name)

@@ -5,6 +5,7 @@ evaluate, phase, run). Methods and datasets declare theirs in their own modules
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +174,7 @@ class PhaseConfig:
         c.require(len(self.seeds) >= 1, "seeds", "must not be empty")
         c.positive(self.lr_l2, "lr_l2")
         c.positive(self.lr_tol, "lr_tol")
-        c.require(all(v > 0 for v in self.l2_lines), "l2_lines", f"every λ must be > 0, got {self.l2_lines}")
+        c.require(all(v > 0 and math.isfinite(v) for v in self.l2_lines), "l2_lines", f"every λ must be a finite number > 0, got {self.l2_lines}")
 
 
 @dataclass

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from stages.artifacts import PREPARED_BASE, check_no_nulls, prepared_meta
+from stages.artifacts import PREPARED_BASE, check_finite_x, check_no_nulls, prepared_meta
 from stages.io import ArtifactError, _open_parquet, read_parquet
 
 SLICE_BYTES = 4 << 20
@@ -155,10 +155,8 @@ class PreparedFile:
                 at += n
         except (pa.ArrowInvalid, OSError) as e:
             raise ArtifactError(f"{self.path}: corrupt Parquet data in row group {group} ({e})") from e
-        if self.x_dtype != "uint8" and not np.isfinite(out).all():
-            bad = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
-            row = int(self.group_starts[group]) + bad
-            raise ArtifactError(f"{self.path}: column 'x' has NaN or inf values, first at row {row} (id {self.id[row]})")
+        if self.x_dtype != "uint8":
+            check_finite_x(out, self.id, self.path, first_row=int(self.group_starts[group]), whole=False)
         return out
 
     def splits(self, names: Sequence[str]) -> dict[str, StreamSplit]:

@@ -301,7 +301,7 @@ CASES = [
     Case("misspelt-choice", "config", "prepare", (DS, f"dataset.{DS}.kind=gausian_shortcut"), None, (f"dataset.{DS}.kind", "gausian_shortcut")),
     Case("wrong-type", "config", "train", (DS, "erm", "0", "method.erm.epochs=ten"), None, ("method.erm.epochs", "ten")),
     Case("rho-above-1", "config", "prepare", (DS, f"dataset.{DS}.rho_train=1.5"), None, (f"dataset.{DS}.rho_train", "must be in [0, 1]")),
-    Case("negative-learning-rate", "config", "train", (DS, "erm", "0", "method.erm.lr=-0.001"), None, ("method.erm.lr", "must be > 0")),
+    Case("negative-learning-rate", "config", "train", (DS, "erm", "0", "method.erm.lr=-0.001"), None, ("method.erm.lr", "must be a finite number > 0")),
     Case("zero-epochs", "config", "train", (DS, "erm", "0", "method.erm.epochs=0"), None, ("method.erm.epochs", "must be >= 1")),
     Case("negative-checkpoint-interval", "config", "train", (DS, "erm", "0", "train.checkpoint_every=-1"), None, ("train.checkpoint_every",)),
     Case("experiment-that-does-not-exist", "config", "config", ("compose", "experiment=nope"), None, ("experiment/nope", "tiny")),

@@ -95,7 +95,7 @@ def test_cli_check_exits_2_with_one_line(tmp_path, capsys):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
     assert config.main(["check", "--params", str(tmp_path / "params.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "method.groupdro.eta: must be > 0" in err and "Traceback" not in err
+    assert "method.groupdro.eta: must be a finite number > 0" in err and "Traceback" not in err
 
 
 def test_describe_lists_every_key():

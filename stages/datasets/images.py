@@ -1,6 +1,7 @@
 """Decode image files in parallel and stream them into the prepared Parquet as uint8 pixels.
 
-Each image is opened with Pillow, converted to RGB, resized so its shorter side is
+Each image is opened with Pillow, converted to 8-bit RGB (`to_rgb`: 16-bit greyscale scaled
+over its full range, float pixels refused), resized so its shorter side is
 `resolution` and centre-cropped to resolution × resolution (`ImageOps.fit`, bilinear), and
 stored CHW-flattened as uint8 in `x` (metadata `x_dtype: uint8`; readers divide by 255).
 For JPEGs, `Image.draft` first lets libjpeg decode at a reduced scale no smaller than the
@@ -46,13 +47,50 @@ def check_images(c: Checks, resolution: int, on_bad_image: str, workers: int) ->
     c.non_negative(workers, "workers")
 
 
+# Pillow's 16-bit greyscale modes (PNG, TIFF). Its own convert("RGB") clips them at 255 instead
+# of scaling, so a 16-bit image came out almost all white.
+SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+SIXTEEN_MAX = 65535
+
+
+class PixelModeError(ValueError):
+    """An image whose pixel mode has no defined mapping to 8-bit RGB."""
+
+
+def to_rgb(im: Any) -> Any:
+    """A Pillow image as 8-bit RGB: 16-bit greyscale (the I;16 modes, and 32-bit 'I' whose values
+    fit 16 bits, as older Pillows open 16-bit PNGs) scaled over the full range (v/257 rounded:
+    65535 -> 255); palette, 1-bit, alpha and CMYK/YCbCr/LAB/HSV modes through Pillow's convert
+    (alpha dropped). PixelModeError for float ('F') pixels and 'I' values outside [0, 65535],
+    whose range says nothing about what white is, and any mode Pillow cannot convert."""
+    from PIL import Image
+
+    if im.mode in SIXTEEN_BIT or im.mode == "I":
+        values = np.asarray(im)
+        low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+        if low < 0 or high > SIXTEEN_MAX:
+            raise PixelModeError(
+                f"pixel mode 'I' (32-bit integer) with values in [{low}, {high}], outside the 16-bit range "
+                f"[0, {SIXTEEN_MAX}] this loader scales to 8 bits; save the image as 8- or 16-bit"
+            )
+        eight = ((values.astype(np.uint32) + 128) // 257).astype(np.uint8)  # round(v * 255 / 65535)
+        return Image.fromarray(eight).convert("RGB")
+    if im.mode == "F":
+        raise PixelModeError("pixel mode 'F' (32-bit float) has no fixed range to map to 8 bits; save the image as 8- or 16-bit")
+    try:
+        return im.convert("RGB")
+    except ValueError as e:  # e.g. 'La': "conversion from La to L not supported"
+        raise PixelModeError(f"pixel mode '{im.mode}' cannot be converted to RGB ({e}); save the image as 8-bit RGB") from e
+
+
 def decode_image(data: bytes, resolution: int) -> np.ndarray:
-    """Encoded image bytes -> uint8 pixels (3 · resolution²,), CHW order. Raises OSError/ValueError if undecodable."""
+    """Encoded image bytes -> uint8 pixels (3 · resolution²,), CHW order. Raises OSError/ValueError if
+    undecodable (PixelModeError, a ValueError, for a pixel mode with no 8-bit RGB meaning)."""
     from PIL import Image, ImageOps
 
     with Image.open(_io.BytesIO(data)) as im:
         im.draft("RGB", (resolution, resolution))
-        rgb = im.convert("RGB")
+        rgb = to_rgb(im)
     fitted = ImageOps.fit(rgb, (resolution, resolution), method=Image.Resampling.BILINEAR)
     return np.asarray(fitted, dtype=np.uint8).transpose(2, 0, 1).reshape(-1)
 
@@ -79,6 +117,8 @@ def decode_chunk(job: tuple[str, list[str], int]) -> tuple[np.ndarray, list[str]
         try:
             pixels[i] = decode_image(data, resolution)
             errors.append(None)
+        except PixelModeError as e:  # it decodes; its pixels have no 8-bit meaning
+            errors.append(str(e))
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
             errors.append(f"cannot decode the image ({type(e).__name__}: {e})")
     return pixels, digests, errors
