@@ -13,11 +13,13 @@ flow's own process is not: Prefect runs threads).
 
 Protocol, one JSON object per line: the flow writes `{"argv": [...]}` (kind `dvc`) or
 `{"module": ..., "args": [...], "cwd": ..., "env": {...}}` (kind `stages`) to the helper's stdin and
-reads from its stdout `{"out": "<text>"}` for each piece of the command's output (stdout and
-stderr) as it comes, then `{"rc": <exit code>}`. The helper exits at
-end of input. On SIGTERM/SIGINT it passes the signal to the running command's process group
-(DVC and the stage command it started; SIGKILL after GRACE_S) and exits; it does the same when
-the flow's process dies (its parent changes) during a command.
+reads from its stdout `{"pid": <pid>}` when the command starts (it leads its own process group,
+which `DvcRunner.signal_command` signals), `{"out": "<text>"}` for each piece of the command's output
+(stdout and stderr) as it comes, then `{"rc": <exit code>}`. The helper exits at end of input.
+It runs in its own process group, so a terminal's Ctrl-C does not reach it: the flow decides
+how its commands stop. On SIGTERM/SIGINT it passes the signal to the running command's process
+group (DVC and the stage command it started; SIGKILL after GRACE_S) and exits; it does the same
+when the flow's process dies (its parent changes) during a command.
 
     runner = DvcRunner(root)        # the helper starts in `root` at the first run()
     rc, output = runner.run(["repro", "--single-item", "report"])
@@ -35,6 +37,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -115,13 +118,20 @@ def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str
     return 0
 
 
-def run_forked(argv: Sequence[str], emit: Callable[[str], None], target: Callable[[], int] | None = None) -> int:
+def run_forked(
+    argv: Sequence[str], emit: Callable[[str], None], target: Callable[[], int] | None = None,
+    started: Callable[[int], None] | None = None,
+) -> int:
     """`dvc <argv>` (or `target()`) in a forked child; its exit code (negative signal number if killed).
 
-    The command's output goes to `emit` as it arrives.
+    `started(pid)` is told the child's pid (the leader of its process group) once it runs; the
+    command's output goes to `emit` as it arrives.
     """
     global _child
     read_end, write_end = os.pipe()
+    # A signal the flow sends as the command starts waits until the child has its own handlers
+    # (the helper's would end it as if the helper were told to stop).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     pid = os.fork()
     if pid == 0:  # child: DVC's CLI with stdout+stderr into the pipe
         rc = 255
@@ -134,11 +144,17 @@ def run_forked(argv: Sequence[str], emit: Callable[[str], None], target: Callabl
             os.close(write_end)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             rc = target() if target is not None else run_dvc(argv)
-        except BaseException:  # noqa: BLE001 - report anything, the parent only sees the exit code
+        except BaseException as e:  # noqa: BLE001 - report anything, the parent only sees the exit code
             import traceback
 
             traceback.print_exc()
+            if isinstance(e, KeyboardInterrupt):  # as `python -m` ends on an uncaught Ctrl-C: killed by SIGINT
+                sys.stdout.flush()
+                sys.stderr.flush()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
         finally:
             try:
                 sys.stdout.flush()
@@ -148,6 +164,9 @@ def run_forked(argv: Sequence[str], emit: Callable[[str], None], target: Callabl
     with contextlib.suppress(OSError):  # also here, so a signal right after fork finds the group
         os.setpgid(pid, pid)
     _child = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if started is not None:
+        started(pid)
     os.close(write_end)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
     status: int | None = None
@@ -202,14 +221,17 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
+    def started(pid: int) -> None:
+        reply(pid=pid)
+
     for line in requests:
         if line.strip():
             request = json.loads(line)
             if "module" in request:  # a stage command: `python -m <module> <args>`
                 target = functools.partial(run_module, request["module"], request["args"], request["cwd"], request["env"])
-                rc = run_forked([request["module"]], lambda text: reply(out=text), target)
+                rc = run_forked([request["module"]], lambda text: reply(out=text), target, started)
             else:
-                rc = run_forked(request["argv"], lambda text: reply(out=text))
+                rc = run_forked(request["argv"], lambda text: reply(out=text), started=started)
             reply(rc=rc)
 
 
@@ -249,6 +271,9 @@ class DvcRunner:
         self.env = dict(env) if env is not None else None
         self.kind = kind
         self.proc: subprocess.Popen[str] | None = None
+        self.guard = threading.RLock()  # `command`, `stop_signal`: the requesting thread vs signal_command() (from a signal handler, re-entrant)
+        self.command = 0  # pid (= process group) of the command running now, 0 when none
+        self.stop_signal = 0  # once signal_command() was called: what a command starting later gets at once
 
     def start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
@@ -260,6 +285,7 @@ class DvcRunner:
                 [sys.executable, "-c", code, *(["stages"] if self.kind == "stages" else [])],
                 cwd=self.root,
                 env=self.env,
+                process_group=0,  # a terminal's Ctrl-C is for the flow, which stops the commands in order
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,  # replies; the helper's own stderr (nothing, normally) is the flow's
                 text=True,
@@ -290,15 +316,38 @@ class DvcRunner:
             proc.stdin.flush()
             while line := proc.stdout.readline():
                 reply = json.loads(line)
+                if "pid" in reply:
+                    self._started(int(reply["pid"]))
+                    continue
                 if "rc" in reply:
+                    with self.guard:
+                        self.command = 0
                     return int(reply["rc"]), "".join(parts)
                 parts.append(reply["out"])
                 if on_output is not None:
                     on_output(reply["out"])
         except BrokenPipeError:
             pass
+        finally:
+            with self.guard:
+                self.command = 0
         raise DvcServerDied(f"the helper process (pipeline.dvc_server in {self.root}) ended ({self._ended(proc)}) "
                             f"before finishing `{what}`")
+
+    def _started(self, pid: int) -> None:
+        with self.guard:
+            self.command = pid
+            if self.stop_signal:  # stopped while the request was on its way: this command too
+                _signal_group(pid, self.stop_signal)
+
+    def signal_command(self, signum: int) -> bool:
+        """Send `signum` to the running command's process group (the command and what it started),
+        and to any command started from now on; whether a command was running."""
+        with self.guard:
+            self.stop_signal = signum
+            if self.command:
+                _signal_group(self.command, signum)
+            return bool(self.command)
 
     @staticmethod
     def _ended(proc: subprocess.Popen[str]) -> str:
@@ -309,6 +358,12 @@ class DvcRunner:
             proc.kill()
             rc = proc.wait()
         return f"killed by signal {-rc}" if rc < 0 else f"with exit code {rc}"
+
+    def end_input(self) -> None:
+        """Tell the helper to exit (end of input) without waiting for it: `close()` then reaps it."""
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
 
     def close(self) -> None:
         """End the helper (it exits at end of input) and reap it."""
@@ -333,6 +388,14 @@ class DvcRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    # Only between the helper reaping the command and its {"rc"} reaching the flow could `pgid`
+    # name a finished group; pids are handed out in sequence, so reusing it would take a wrap-around
+    # of pid_max in that moment.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,19 @@ params.yaml is recomposed from conf/ with the overrides (DVC's own Hydra composi
 `dvc exp run -S` does), the stages run as above, and `dvc exp save` records the result as an
 experiment named after the Prefect flow run (`dvc exp show` lists it).
 
+Ctrl-C or SIGTERM while stages run stops them in order (`StopOnSignals`): the signal goes to
+every running stage command (SIGKILL after STOP_GRACE_S), no other stage starts, the stopped
+stages' last good outputs come back from DVC's cache (their dvc.lock entries were never
+updated), and the run ends with one line (`Interrupted`); a second signal SIGKILLs the commands
+at once. From the command line (`main`) the flow runs in a child process in its own session,
+so a terminal's Ctrl-C reaches only the parent, which passes it on: Prefect's temporary server
+and the stage helpers are the flow's to stop, and stay up while it reports the run. The
+command exits 130 (SIGINT) or 143 (SIGTERM).
+
+Our refusals (`Refused`, `StageFailed`, `WorkspaceBusy`) end a flow or task run Failed with
+one log line, `pipeline: error: ...`, the line the command line prints, not a traceback
+(`OneLineErrors`): also in the log of a deployment run started from the UI.
+
 Afterwards the flow publishes Prefect artifacts with stable keys (so the UI shows their
 history): what each stage did (also after a failure: which stages failed or were skipped), the
 leaderboard table, the report as markdown, each dataset's validation result,
@@ -33,14 +46,19 @@ retried up to PUSH_RETRIES times with exponential backoff (not when DVC's config
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -54,9 +72,12 @@ from prefect.artifacts import (  # noqa: E402
     create_table_artifact,
 )
 from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.exceptions import TerminationSignal  # noqa: E402
+from prefect.states import Cancelled  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 from pipeline.dvc_server import DvcServerDied  # noqa: E402
+from pipeline.lock import BUSY_EXIT, WorkspaceBusy  # noqa: E402
 from pipeline.parallel import DvcWorkspace, StagePool, cores  # noqa: E402
 
 LEADERBOARD_COLUMNS = ("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
@@ -65,6 +86,61 @@ KEY_PREFIX = "shiftlab"
 
 class StageFailed(RuntimeError):
     """`dvc repro` of one stage (or a DVC command the flow runs) exited non-zero."""
+
+
+class Refused(ValueError):
+    """What the flow was asked cannot be done as asked (a bad max_parallel, targets matching no stage)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run stopped on SIGINT/SIGTERM; `line` says what was stopped and put back.
+
+    A KeyboardInterrupt, so Prefect ends the run Crashed ("aborted by an interrupt signal")
+    and lets it through to the caller, as it does Ctrl-C."""
+
+    def __init__(self, signum: int, line: str) -> None:
+        super().__init__(line)
+        self.signum = signum
+        self.line = line
+
+
+# ---- one line for our refusals in Prefect's logs ---------------------------------------------
+
+REFUSAL_EXIT: dict[type[Exception], int] = {Refused: 2, WorkspaceBusy: BUSY_EXIT, StageFailed: 1}  # exit codes
+ONE_LINE_ERRORS = tuple(REFUSAL_EXIT)
+
+
+def one_line(exc: BaseException) -> str:
+    """`pipeline: error: <what>`: the message's first line, and its last (a command's own
+    error line after its exit code) when it has more."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    what = ": ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
+    return f"pipeline: error: {what}"
+
+
+class OneLineErrors(logging.Filter):
+    """Prefect logs the exception that ends a flow or task run with its traceback ("Encountered
+    exception during execution", "Task run failed with exception"); for our refusals that record
+    becomes the command line's one line. Any other exception keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, ONE_LINE_ERRORS):
+            record.msg, record.args = "%s", (one_line(exc),)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_errors() -> None:
+    """Install OneLineErrors where Prefect's flow and task run loggers create their records (once;
+    at import, so a deployment run that loads this module gets it too)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLineErrors) for f in logger.filters):
+            logger.addFilter(OneLineErrors())
+
+
+one_line_errors()
 
 
 # ---- DVC's graph -----------------------------------------------------------------------------
@@ -84,7 +160,7 @@ def select(order: Sequence[str], upstream: dict[str, set[str]], targets: Sequenc
     wanted: set[str] = set()
     stack = [s for s in order if any(fnmatch.fnmatchcase(s, t) or s.split("@")[0] == t for t in targets)]
     if not stack:
-        raise ValueError(f"no DVC stage matches {', '.join(targets)}{close_names(order, targets)}")
+        raise Refused(f"no DVC stage matches {', '.join(targets)}{close_names(order, targets)}")
     while stack:
         s = stack.pop()
         if s not in wanted:
@@ -142,17 +218,20 @@ def run_command(cmd: Sequence[str], root: str, what: str) -> str:
 def check_stage(stage: str, known: Sequence[str]) -> str:
     """`stage` if it is one of DVC's stage names, else ValueError: nothing else is handed to dvc."""
     if stage not in set(known):
-        raise ValueError(f"{stage!r} is not a stage of this DVC project (stages: {', '.join(sorted(known)[:10])}, ...)")
+        raise Refused(f"{stage!r} is not a stage of this DVC project (stages: {', '.join(sorted(known)[:10])}, ...)")
     return stage
 
 
 @task(cache_policy=NO_CACHE, task_run_name="{stage}")
-def run_stage(stage: str, workspace: DvcWorkspace, pool: StagePool, force: bool = False) -> str:
+def run_stage(stage: str, workspace: DvcWorkspace, pool: StagePool, force: bool = False) -> Any:
     """Reproduce one DVC stage as `dvc repro --single-item <stage>` does (pipeline/parallel.py:
     DVC's own bookkeeping in this process, the command in `pool`); the outcome: ran, restored
-    (DVC's run cache) or up-to-date. A stage that is not one of DVC's is refused."""
+    (DVC's run cache) or up-to-date, or a Cancelled state when the run was stopped (`pool.stop`)
+    before or while its command ran. A stage that is not one of DVC's is refused."""
     check_stage(stage, list(workspace.stages))
     logger = get_run_logger()
+    if pool.stopping:
+        return Cancelled(message=f"{stage}: not started, the run was stopped by {signal.Signals(pool.stopping).name}")
     begun = workspace.begin(stage, force)
     if begun.outcome == "up-to-date":
         logger.info("Stage '%s' didn't change, skipping", stage)
@@ -176,12 +255,16 @@ def run_stage(stage: str, workspace: DvcWorkspace, pool: StagePool, force: bool 
         tail = "".join(lines).strip()
         if rc != 0:
             break
+    if rc != 0 and pool.stopping:  # stopped by us (train exits 130 after its checkpoint): not a failure
+        why = f"stopped by {signal.Signals(pool.stopping).name}"
+        logger.warning("%s %s (its command exited %s); the flow puts its last good outputs back from DVC's cache", stage, why, rc)
+        return Cancelled(message=f"{stage}: {why}")
     if rc != 0:
         errors = tail.splitlines()[-5:]
         logger.error("%s failed (its command exited %s):\n%s", stage, rc, "\n".join(errors))
         if stage.startswith("validate@"):
             publish_validation_failure(Path(workspace.root), stage.split("@", 1)[1])
-        raise StageFailed(f"{stage}: its command exited {rc}\n{tail[-2000:]}")
+        raise StageFailed(f"{stage}: its command exited {rc}" + (f": {errors[-1].strip()}" if errors else ""))
     workspace.finish(stage)
     logger.info("%s ran in %.2f s", stage, time.monotonic() - started)
     return "ran"
@@ -394,7 +477,7 @@ def pipeline(
     from pipeline.lock import workspace_lock
 
     if max_parallel is not None and max_parallel < 1:
-        raise ValueError(f"max_parallel must be at least 1, got {max_parallel}")
+        raise Refused(f"max_parallel must be at least 1, got {max_parallel}")
     command = f"prefect flow shiftlab-pipeline (targets={targets}, overrides={overrides})"
     with workspace_lock(Path(root).resolve(), command=command, wait=wait, say=print):
         return _pipeline(targets, force, overrides, push, root, max_parallel or cores())
@@ -413,14 +496,22 @@ def _pipeline(
     with DvcWorkspace(root) as workspace, StagePool(root, max_parallel, tool_env()) as pool:
         order, upstream = workspace.order()
         stages = select(order, upstream, targets)
-        states = run_dag(stages, upstream, max_parallel, lambda s: run_stage.submit(s, workspace, pool, force), logger)
-        create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
-        failed = sorted(s for s, st in states.items() if st == "failed")
-        if failed:
-            # DVC removed the failed stages' outputs before running them: put the last good ones back.
-            problem = workspace.restore(failed)
+        with StopOnSignals(pool) as stop:
+            submit = lambda s: run_stage.submit(s, workspace, pool, force)  # noqa: E731
+            states = run_dag(stages, upstream, max_parallel, submit, logger, stopping=lambda: bool(pool.stopping))
+            create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
+            failed = sorted(s for s, st in states.items() if st == "failed")
+            # DVC removed the outputs of every stage it began: put the last good ones back where the
+            # stage did not finish (failed, or stopped by a signal).
+            unfinished = workspace.unfinished()
+            problem = workspace.restore(unfinished) if unfinished else None
             if problem:
                 logger.warning("dvc checkout (restoring the last good outputs) failed: %s", problem)
+    if stop.signum:
+        stopped = [s for s in stages if s in unfinished and s not in failed]
+        line = stop_line(stop.signum, stopped, failed, problem)
+        logger.warning("%s", line)
+        raise stop.exception(line)
     if failed:
         skipped = sorted(s for s, st in states.items() if st == "skipped")
         raise StageFailed(
@@ -436,11 +527,14 @@ def _pipeline(
 
 
 def run_dag(
-    stages: Sequence[str], upstream: dict[str, set[str]], max_parallel: int, submit: Callable[[str], Any], logger: Any
+    stages: Sequence[str], upstream: dict[str, set[str]], max_parallel: int, submit: Callable[[str], Any], logger: Any,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> dict[str, str]:
     """Start each of `stages` (in their order) once its upstream stages are done, at most
     `max_parallel` at a time; `submit(stage)` returns a Prefect future. A stage whose upstream
-    failed or was skipped is skipped. Each stage's state, in `stages`' order."""
+    failed or was skipped is skipped. Once `stopping()`, nothing more starts and the running
+    stages are waited for (a stage whose task ends Cancelled was interrupted). Each stage's
+    state, in `stages`' order; a stage that never started has none."""
     from prefect.futures import as_completed
 
     selected = set(stages)
@@ -448,6 +542,8 @@ def run_dag(
     pending = list(stages)
     running: dict[Any, str] = {}
     while pending or running:
+        if stopping():
+            pending.clear()
         for stage in list(pending):  # in order, so a skip propagates down the chain at once
             blocked = sorted(u for u in upstream.get(stage, ()) if states.get(u) in ("failed", "skipped"))
             if blocked:
@@ -464,13 +560,83 @@ def run_dag(
         done = next(as_completed(list(running)))
         stage = running.pop(done)
         result = done.result(raise_on_failure=False)
-        states[stage] = "failed" if isinstance(result, BaseException) else str(result)
+        if done.state.is_cancelled():
+            states[stage] = "interrupted"
+        else:
+            states[stage] = "failed" if isinstance(result, BaseException) else str(result)
     return {s: states[s] for s in stages if s in states}
+
+
+class Signals:
+    """SIGINT/SIGTERM this process got, and the line the run will end with once it is known:
+    shared by StopOnSignals and the command line's handler (`run`)."""
+
+    received: list[int] = []
+    line = ""
+
+
+class StopOnSignals:
+    """While the stages run, in the main thread: the first SIGINT or SIGTERM stops them in order
+    instead of raising where the main thread happens to be. The handler only records the signal
+    and calls `pool.stop` (the commands get the signal, nothing new starts); the flow then waits
+    for the running stages, restores what did not finish and raises `exception()`. A second
+    signal SIGKILLs the commands (`pool.stop` again), a third raises at once. Prefect's own
+    SIGTERM handler (its flow engine's) is back afterwards."""
+
+    def __init__(self, pool: StagePool) -> None:
+        self.pool = pool
+        self.signum = 0
+        self.count = 0
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():  # only there can handlers be set
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        Signals.received.append(signum)
+        self.count += 1
+        self.signum = self.signum or signum
+        self.pool.stop(signum)
+        if self.count >= 3:
+            name = signal.Signals(self.signum).name
+            raise Interrupted(self.signum, f"pipeline: interrupted by {name}, then stopped at once by a third signal, without "
+                                           "putting back the outputs of the stages that were running: run `dvc checkout`, then run again")
+
+    def exception(self, line: str) -> BaseException:
+        """What ends the run: Interrupted, or Prefect's TerminationSignal when its runner sent the
+        SIGTERM to cancel a deployment run (Prefect then ends it Cancelled)."""
+        if self.signum == signal.SIGTERM:
+            with contextlib.suppress(ImportError):
+                from prefect._internal.control_listener import get_intent
+
+                if get_intent() is not None:
+                    return TerminationSignal(signal.SIGTERM)
+        Signals.line = line
+        return Interrupted(self.signum, line)
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def stop_line(signum: int, stopped: Sequence[str], failed: Sequence[str], problem: str | None) -> str:
+    """The one line an interrupted run ends with."""
+    what = f"stopped {len(stopped)} running stage(s) ({', '.join(stopped)})" if stopped else "no stage was running"
+    if failed:
+        what += f"; {len(failed)} had failed before ({', '.join(failed)})"
+    if problem:
+        what += f"; putting back the last good outputs failed ({problem})"
+    elif stopped or failed:
+        what += "; their last good outputs were restored from DVC's cache"
+    return f"pipeline: interrupted by {signal.Signals(signum).name}: {what}; run again to continue"
 
 
 def stages_markdown(states: dict[str, str]) -> str:
     """The state of every stage as a markdown table, failures and skips first."""
-    rank = {"failed": 0, "skipped": 1, "ran": 2, "restored": 3, "up-to-date": 4}
+    rank = {"failed": 0, "interrupted": 1, "skipped": 2, "ran": 3, "restored": 4, "up-to-date": 5}
     counts = ", ".join(f"{sum(v == s for v in states.values())} {s}" for s in rank if s in states.values())
     rows = "\n".join(f"| `{s}` | {st} |" for s, st in sorted(states.items(), key=lambda kv: (rank.get(kv[1], 9), list(states).index(kv[0]))))
     return f"# DVC stages: {counts}\n\n| stage | state |\n|---|---|\n{rows}\n"
@@ -514,7 +680,9 @@ def positive_int(text: str) -> int:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, own_session: bool = False) -> int:
+    """The command line. With `own_session` (`python -m pipeline.flows`), the run happens in a
+    forked child in its own session (`run_in_own_session`)."""
     from stages.cli import ArgumentParser  # a usage error is one line
 
     parser = ArgumentParser(name="pipeline", prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -526,19 +694,133 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="the DVC workspace (default: the working directory)")
     parser.add_argument("--max-parallel", type=positive_int, metavar="N", help=f"stages at once (default: the cores available, {cores()} here)")
     args = parser.parse_args(argv)
+    if own_session:
+        return run_in_own_session(lambda: run(args, last_line_at_exit=True))
+    return run(args)
+
+
+def run(args: argparse.Namespace, last_line_at_exit: bool = False) -> int:
+    """Preflight, then the flow; one line on stderr unless it completed; the exit code.
+
+    With `last_line_at_exit` (the command line's own process) the line is printed as the process
+    exits, after Prefect's exit work (its logs sent, then its temporary server stopped, which it
+    logs), so it is the last line; and a signal from now until then ends the process at once."""
+    import atexit
+
     problem, code = preflight(args)
     if problem:
         print(f"pipeline: error: {problem}", file=sys.stderr)
         return code
-    state = pipeline(
-        targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait,
-        root=args.root, max_parallel=args.max_parallel, return_state=True,
-    )
-    if not state.is_completed():
-        print(f"pipeline: {state.name}: {state.message}", file=sys.stderr)
-        return 1
-    return 0
+    Signals.received.clear()
+    Signals.line = ""
+    last: list[str] = []
+    if last_line_at_exit:  # registered before Prefect's server registers its stop: runs after it
+        atexit.register(lambda: last and print(last[0], file=sys.stderr, flush=True))
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        # Outside the stages' run (StopOnSignals has the signals then): before the flow run starts
+        # (Prefect's server starting, params composed) or after the stages (artifacts, push), with
+        # nothing to put back; or while an earlier signal's stop is being reported, or the process
+        # exits: then end now.
+        Signals.received.append(signum)
+        first, name = Signals.received[0], signal.Signals(Signals.received[0]).name
+        if last:  # exiting: the run is over and its line known
+            if last[0]:
+                print(last[0], file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        if len(Signals.received) == 1:
+            raise Interrupted(signum, f"pipeline: interrupted by {name}: no stage was running; run again to continue")
+        print(Signals.line or f"pipeline: interrupted by {name}", "(then ended at once by a second signal)", file=sys.stderr, flush=True)
+        os._exit(128 + first)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        state = pipeline(
+            targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait,
+            root=args.root, max_parallel=args.max_parallel, return_state=True,
+        )
+    except Interrupted as e:
+        line, code = e.line, 128 + e.signum
+    except (KeyboardInterrupt, TerminationSignal) as e:
+        signum = getattr(e, "signal", signal.SIGINT)
+        line, code = f"pipeline: interrupted by {signal.Signals(signum).name}; run again to continue", 128 + signum
+    else:
+        line, code = outcome(state)
+    finally:
+        if not last_line_at_exit:  # called in-process: as it was
+            for s, h in previous.items():
+                signal.signal(s, h)
+    if last_line_at_exit:
+        last.append(line)
+    elif line:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def outcome(state: Any) -> tuple[str, int]:
+    """The line and exit code of a flow run that ended in `state` (no line when it completed)."""
+    if state.is_completed():
+        return "", 0
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception as e:  # noqa: BLE001 - the result itself is unreadable: say what Prefect says
+        error = e
+    for kind, code in REFUSAL_EXIT.items():
+        if isinstance(error, kind):
+            return one_line(error), code
+    return f"pipeline: {state.name}: {state.message}", 1
+
+
+# ---- the command line's own session ----------------------------------------------------------
+
+
+def run_in_own_session(body: Callable[[], int]) -> int:
+    """`body()` in a forked child that leads a session of its own; this process passes SIGINT,
+    SIGTERM and SIGHUP (as SIGTERM) on to it and exits with its exit status.
+
+    A terminal sends Ctrl-C to its whole foreground process group: before, that killed Prefect's
+    temporary server and the stage helpers under the running flow (which then retried the dead
+    server forever). The child's processes are out of the terminal's reach, so the flow stops
+    them itself, in order. The child dies with this process (SIGKILL, as a kill -9 of the flow
+    would), and whatever of its session outlives it is killed here."""
+    parent = os.getpid()
+    pid = os.fork()  # no threads yet: importing this module and Prefect starts none
+    if pid == 0:
+        os.setsid()
+        with contextlib.suppress(OSError, AttributeError):  # Linux's prctl; elsewhere the child outlives a kill -9 here
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # died before prctl
+            os._exit(128 + signal.SIGKILL)
+        return body()
+
+    def relay(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, relay)
+    _, status = os.waitpid(pid, 0)  # resumed after each relay (PEP 475)
+    end_session(pid)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def end_session(sid: int) -> list[int]:
+    """SIGKILL every process left in session `sid` (Linux's /proc); their pids."""
+    killed = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            state, _ppid, _pgrp, session = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        if int(session) == sid and state != "Z":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(own_session=True))

@@ -21,17 +21,26 @@ forked from a warm helper process that has already imported the libraries the st
 environment DVC would give it, without paying the interpreter and torch start-up per stage. Any
 other command runs as DVC runs it (its shell, `-c`).
 
+`StagePool.stop` (the flow's answer to Ctrl-C / SIGTERM) passes the signal to every running
+command and to any about to start, and SIGKILLs what still runs STOP_GRACE_S later; the stages
+it stopped never reach part 3, so their dvc.lock entries stay as they were, and
+`DvcWorkspace.restore(workspace.unfinished())` puts their last good outputs back.
+
 A crash (kill -9 of the flow) leaves DVC as a crash of `dvc repro` does: stages that finished
 are in dvc.lock; a stage whose command was running has its outputs removed or incomplete, so
 the next run re-runs it (the helpers stop their commands when the flow's process dies).
+dvc.lock itself is never half-written: while a `DvcWorkspace` is open, every write DVC or the
+flow makes to it goes to a temp file beside it that replaces it once complete (`atomic_path`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -70,6 +79,7 @@ class DvcWorkspace:
         os.chdir(self.root)
         try:
             self.repo = Repo(self.root)
+            atomic_lock_writes(self.repo)
             self.mutex = threading.Lock()
             with self._locked():
                 self.graph = get_active_graph(self.repo.index.graph)
@@ -81,6 +91,8 @@ class DvcWorkspace:
         self.lock_keys_before = set(self._lock_keys())
         self.rank = {name: i for i, name in enumerate(self._order[0])}
         self.new_in_lock: list[str] = []  # stages this run added to dvc.lock, in the file's order
+        self.begun: list[str] = []  # stages whose outputs begin() removed, in the order it did
+        self.finished: set[str] = set()  # stages recorded (by finish() or from the run cache)
 
     @staticmethod
     def _name(stage: Any) -> str:
@@ -116,6 +128,7 @@ class DvcWorkspace:
                 return Begun("up-to-date")
             if not force and not stage.changed(upstream=upstream):
                 return Begun("up-to-date")
+            self.begun.append(name)
             stage.remove_outs(ignore_remove=False, force=False)
             if not force:
                 try:
@@ -141,14 +154,21 @@ class DvcWorkspace:
         stage.commit()
         stage.dump(update_pipeline=False)
         name = self._name(stage)
+        self.finished.add(name)
         if name not in self.lock_keys_before and name not in self.new_in_lock:
             self.new_in_lock.append(name)
             if any(self.rank[n] > self.rank[name] for n in self.new_in_lock[:-1]):
                 self._order_lock_file()
 
+    def unfinished(self) -> list[str]:
+        """Stages whose outputs begin() removed and that were not recorded since: failed, stopped,
+        or stopped before their command ran."""
+        with self.mutex:
+            return [name for name in self.begun if name not in self.finished]
+
     def restore(self, names: Sequence[str]) -> str | None:
-        """Put back the last good outputs of `names` (failed stages) from DVC's cache, as
-        `dvc checkout` does; None, or what went wrong."""
+        """Put back the last good outputs of `names` (stages that did not finish) from DVC's cache,
+        as `dvc checkout` does; None, or what went wrong."""
         with self.mutex:
             try:
                 self.repo.checkout(targets=list(names), force=True, allow_missing=True)
@@ -190,6 +210,35 @@ class DvcWorkspace:
         self.close()
 
 
+def atomic_lock_writes(repo: Any) -> None:
+    """Make every write of `repo`'s dvc.lock atomic: a temp file beside it (`.dvc.lock.<pid>.<random>.tmp`,
+    which .gitignore and .dvcignore hide), fsynced, then renamed over it. DVC writes dvc.lock in
+    place (`dvc.utils.serialize`: `fs.open(path, "w+")`, then the YAML dump), so a kill during
+    the dump left it empty or cut short; both `Stage.dump` and the flow's re-ordering
+    (`modify_yaml`) open it through this repo's filesystem object, and only that object's `open`
+    is changed, only for writing dvc.lock."""
+    from stages.io import atomic_path
+
+    fs = repo.fs
+    plain_open = fs.open
+    lock = os.path.abspath(os.path.join(repo.root_dir, "dvc.lock"))
+
+    @contextmanager
+    def atomic_text(path: str, **kwargs: Any) -> Iterator[Any]:
+        with atomic_path(path) as tmp, open(tmp, "w", **kwargs) as f:
+            yield f
+
+    def open_(path: Any, mode: str = "r", **kwargs: Any) -> Any:
+        if "w" in mode and "b" not in mode and os.path.abspath(os.fspath(path)) == lock:
+            return atomic_text(lock, **kwargs)
+        return plain_open(path, mode, **kwargs)
+
+    fs.open = open_
+
+
+STOP_GRACE_S = 4.0  # after StagePool.stop, how long a command gets to stop on its own before SIGKILL
+
+
 class StagePool:
     """Runs stage commands, at most `size` at once, each `python -m` command forked from one of
     `size` warm helpers (module docstring)."""
@@ -203,6 +252,33 @@ class StagePool:
             self.idle.put(helper)
         self.starting = threading.Lock()
         self.started = False
+        self.guard = threading.RLock()  # `stopping`, `shells`; re-entrant: a second signal may land inside stop()
+        self.stopping = 0  # the signal stop() passed on, 0 while the pool runs normally
+        self.shells: set[subprocess.Popen[str]] = set()  # commands running in a shell now
+        self.stopped = threading.Event()  # stop() was called (or close())
+        self.closed = threading.Event()
+        # Started now, not in stop(): starting a thread from a signal handler can deadlock on
+        # threading's own lock if the main thread was starting one (Prefect's task threads).
+        threading.Thread(target=self._kill_late, name="stage-pool-kill-late", daemon=True).start()
+
+    def stop(self, signum: int) -> None:
+        """Pass `signum` to every running command (their process groups), and to any that starts
+        from now on, and SIGKILL what still runs STOP_GRACE_S from now; a second call SIGKILLs at
+        once. Called from a signal handler: nothing here waits."""
+        with self.guard:
+            first = not self.stopping
+            self.stopping = self.stopping or signum
+            signum = signum if first else signal.SIGKILL
+            for helper in self.helpers:
+                helper.signal_command(signum)
+            for shell in self.shells:
+                _signal_group(shell.pid, signum)
+        self.stopped.set()
+
+    def _kill_late(self) -> None:
+        self.stopped.wait()
+        if not self.closed.wait(STOP_GRACE_S):
+            self.stop(signal.SIGKILL)
 
     def warm(self) -> None:
         """Start every helper (they import in parallel); once, whichever thread asks first."""
@@ -213,10 +289,13 @@ class StagePool:
                 self.started = True
 
     def run(self, command: str, cwd: str, env: Mapping[str, str], on_output: Callable[[str], None]) -> int:
-        """Run one of a stage's commands as DVC would; its exit code."""
+        """Run one of a stage's commands as DVC would; its exit code (-signal when stop() came
+        before it started)."""
+        if self.stopping:
+            return -self.stopping
         module_args = python_module(command, env)
         if module_args is None:
-            return run_shell(command, cwd, env, on_output)
+            return run_shell(command, cwd, env, on_output, self._shell_started)
         self.warm()
         helper = self.idle.get()
         try:
@@ -225,7 +304,20 @@ class StagePool:
         finally:
             self.idle.put(helper)
 
+    def _shell_started(self, proc: subprocess.Popen[str], started: bool) -> None:
+        with self.guard:
+            if not started:
+                self.shells.discard(proc)
+                return
+            self.shells.add(proc)
+            if self.stopping:
+                _signal_group(proc.pid, self.stopping)
+
     def close(self) -> None:
+        self.closed.set()
+        self.stopped.set()
+        for helper in self.helpers:  # all exit at once (an interpreter with torch takes a while)
+            helper.end_input()
         for helper in self.helpers:
             helper.close()
 
@@ -250,18 +342,35 @@ def python_module(command: str, env: Mapping[str, str]) -> tuple[str, list[str]]
     return words[2], words[3:]
 
 
-def run_shell(command: str, cwd: str, env: Mapping[str, str], on_output: Callable[[str], None]) -> int:
-    """`command` as DVC runs it (its shell, without rc files); output to `on_output` line by line."""
+def run_shell(
+    command: str, cwd: str, env: Mapping[str, str], on_output: Callable[[str], None],
+    running: Callable[[subprocess.Popen[str], bool], None] | None = None,
+) -> int:
+    """`command` as DVC runs it (its shell, without rc files); output to `on_output` line by line.
+    It leads its own process group (so `running(proc, True)` / `running(proc, False)`, told when it
+    starts and ends, can signal all of it), as the forked commands do."""
     from dvc.stage.run import _make_cmd, get_executable
 
     proc = subprocess.Popen(
         _make_cmd(get_executable(), command), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", close_fds=True,
+        process_group=0,
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        on_output(line)
-    return proc.wait()
+    if running is not None:
+        running(proc, True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            on_output(line)
+        return proc.wait()
+    finally:
+        if running is not None:
+            running(proc, False)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def cores() -> int:

@@ -219,3 +219,32 @@ def test_when_the_flow_process_dies_the_helper_stops_the_command(project: Path) 
         flow.kill()  # as a worker cancelling the flow run would
         flow.wait()
     wait_for(lambda: not any(alive(p) for p in tree), "the helper, DVC and the stage command to stop", timeout=15)
+
+
+def test_signal_command_stops_the_running_command_as_ctrl_c_would_and_the_helper_goes_on(project: Path) -> None:
+    """The flow's stop (pipeline/parallel.py StagePool.stop): a signal to the running command's
+    process group, which ends as the same `python -m` would; later commands get it as they start
+    (a stage whose request was on its way); the helper serves on."""
+    (project / "sleepy.py").write_text("import time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.05)\n")
+    env = project_env()
+    alone = subprocess.Popen([sys.executable, "-m", "sleepy"], cwd=project, env=env, stdout=subprocess.PIPE, text=True)
+    assert alone.stdout is not None and alone.stdout.readline() == "ready\n"
+    alone.send_signal(signal.SIGINT)
+    expected = alone.wait(timeout=30)
+    assert expected == -signal.SIGINT  # Python ends on an uncaught KeyboardInterrupt by SIGINT
+
+    with DvcRunner(str(project), env, kind="stages") as helper:
+        sent: list[bool] = []
+
+        def stop_when_ready(text: str) -> None:
+            if text.startswith("ready") and not sent:  # once (the traceback quotes the line too)
+                sent.append(helper.signal_command(signal.SIGINT))
+
+        rc, output = helper.run_module("sleepy", [], str(project), env, stop_when_ready)
+        assert sent == [True] and rc == expected, output
+        assert "KeyboardInterrupt" in output  # the traceback `python -m` prints, in the command's output
+        first = helper.proc
+        assert first is not None
+        rc, output = helper.run_module("sleepy", [], str(project), env)  # stopped as it starts
+        assert rc == expected, output
+        assert helper.proc is first and first.poll() is None
