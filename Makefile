@@ -58,7 +58,7 @@ browser:
 
 # Validate params.yaml against the schemas before any stage runs.
 check: setup
-	$(PY) -m stages.config check
+	$(PY) -m stages.core.config check
 
 # Explain an artifact: `make inspect PATH=data/predictions/...parquet` (ARTIFACT=... works too;
 # without one: all of data/). PATH given on the command line names the artifact, so the
@@ -73,7 +73,7 @@ inspect: setup
 # Recompose params.yaml from conf/ (what `dvc exp run` does automatically), and bring
 # dvc.yaml's code dependencies in step with the stages' imports (stages/dag.py).
 params: setup
-	$(PY) -m stages.config compose
+	$(PY) -m stages.core.config compose
 	$(PY) -m stages.dag
 
 # Prefect UI on http://127.0.0.1:4200 (SQLite under .prefect/), the `shiftlab` work pool, the

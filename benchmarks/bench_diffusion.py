@@ -43,8 +43,8 @@ def scoring_vs_forward(shape: list[int], denoiser: str, width: int, n: int, repe
     """Examples/s of scoring and of the bare denoiser forward on the same row batches."""
     import torch
 
+    from stages.core.runtime import setup_torch
     from stages.models.diffusion import DiffusionClassifier, denoiser_flops, draw_noise
-    from stages.runtime import setup_torch
 
     setup_torch(0)
     dim = int(np.prod(shape))
@@ -80,7 +80,7 @@ def digits10(seed: int = 0):  # noqa: ANN201
     """sklearn's 10-class digits as a Prepared (train half / test halves), 64-d."""
     from sklearn.datasets import load_digits
 
-    from stages.artifacts import Prepared
+    from stages.core.artifacts import Prepared
 
     d = load_digits()
     x = (d.data / 16.0).astype(np.float32)
@@ -122,9 +122,9 @@ def training(epochs: int, repeats: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
+    from stages.core.runtime import setup_torch
     from stages.models.diffusion import DiffusionClassifier
     from stages.models.training import run_epoch
-    from stages.runtime import setup_torch
 
     n, shape, batch = 900, [3, 8, 8], 128
     x = torch.from_numpy(np.random.default_rng(0).random((n, 192), dtype=np.float32))

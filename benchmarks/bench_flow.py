@@ -63,7 +63,7 @@ def run(cmd: Sequence[str], cwd: Path, check: bool = True) -> float:
 def copy_repo(dest: Path, overrides: Sequence[str]) -> None:
     copy_project(ROOT, dest)
     run(["git", "init", "-q"], dest)
-    run([sys.executable, "-m", "stages.config", "compose", *overrides], dest)
+    run([sys.executable, "-m", "stages.core.config", "compose", *overrides], dest)
     run(["git", "add", "-A"], dest)
     run(["git", "commit", "-qm", "bench"], dest)
 
@@ -111,7 +111,7 @@ def bench_pipeline(repo: Path, runs: int) -> dict[str, list[float]]:
 
 def bench_sweep(repo: Path, points: int, runs: int) -> dict[str, list[float]]:
     values = ",".join(f"{(i + 1) / (points + 1):.3f}" for i in range(points))
-    run([sys.executable, "-m", "stages.config", "compose", *SWEEP_BASE], repo)
+    run([sys.executable, "-m", "stages.core.config", "compose", *SWEEP_BASE], repo)
     run(["dvc", "repro", "pretrain@gaussian_shortcut"], repo)  # shared by every point
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "sweep baseline"], repo)

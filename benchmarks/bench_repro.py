@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = Path(tmp)
         copy_repo(repo)
         if args.experiment:
-            subprocess.run([sys.executable, "-m", "stages.config", "compose", f"experiment={args.experiment}"],
+            subprocess.run([sys.executable, "-m", "stages.core.config", "compose", f"experiment={args.experiment}"],
                            cwd=repo, env=env, check=True)
         times = []
         log = ""

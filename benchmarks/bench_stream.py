@@ -39,8 +39,8 @@ FRACTIONS = {"train": 0.7, "val": 0.1, "test_id": 0.1, "test_ood": 0.1}
 
 def write_dataset(root: Path, name: str, n: int, seed: int = 0) -> Path:
     """N images with a class-dependent bright square and an attribute-dependent tint, plus noise."""
-    from stages.artifacts import prepared_path, prepared_schema
-    from stages.io import numpy_to_fixed_list, write_parquet_stream
+    from stages.core.artifacts import prepared_path, prepared_schema
+    from stages.core.io import numpy_to_fixed_list, write_parquet_stream
 
     rng = np.random.default_rng(seed)
     splits = np.concatenate([[s] * int(round(f * n)) for s, f in FRACTIONS.items()])[:n]
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({train_small * args.epochs / med(f'stream {small}', 0):.0f} vs {train_small * args.epochs / med(f'memory {small}', 0):.0f} train images/s of stage time)")
     threads = med(f"memory {small}", 0) / med(f"memory {small} threads=all", 0)
     print(f"whole stage, threads all ({os.cpu_count()}) vs 1, in memory at {small}: {threads:.2f}x faster")
-    from stages.runtime import available_cores
+    from stages.core.runtime import available_cores
 
     one, every = training_throughput(1, args.repeats + 2), training_throughput(available_cores(), args.repeats + 2)
     print(f"training loop alone (MLP [256] on 3x64x64, batch 128): {every:.0f} examples/s at {available_cores()} threads "

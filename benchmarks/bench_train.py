@@ -59,9 +59,9 @@ def erm_model(splits: dict, seed: int = 0):  # noqa: ANN201
     """(model, AdamW, generator) as the erm stage builds them (stages/train.py, fit_classifier)."""
     import torch
 
+    from stages.core.runtime import setup_torch
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
-    from stages.runtime import setup_torch
 
     gen = setup_torch(seed)
     model = MLPClassifier(MLPEncoder(DIM, [HIDDEN]), 2, Standardize(DIM).fit(splits["train"].x))
@@ -106,8 +106,8 @@ def diffusion_model(splits: dict, seed: int = 0):  # noqa: ANN201
     """(model, AdamW, generator) as train_diffusion / fit_generative build them (MLP denoiser)."""
     import torch
 
+    from stages.core.runtime import setup_torch
     from stages.models.diffusion import DiffusionClassifier
-    from stages.runtime import setup_torch
 
     gen = setup_torch(seed)
     model = DiffusionClassifier(DIM, 2, [DIM], "mlp", DIFF_WIDTH, DIFF_DEPTH, DIFF_STEPS)

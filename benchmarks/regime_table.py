@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_repro import copy_repo
-from stages.regime import expected_use
+from stages.evaluation.regime import expected_use
 
 DATASETS = ["gaussian_shortcut", "colored_digits", "mnist1d_shortcut"]
 METHODS = ["lda", "qda", "diffusion", "autoregressive", "erm", "groupdro"]
@@ -42,7 +42,7 @@ def run_recipe(recipe: str, seeds: list[int], env: dict[str, str]) -> tuple[dict
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         copy_repo(repo)
-        subprocess.run([sys.executable, "-m", "stages.config", "compose", *overrides], cwd=repo, env=env, check=True)
+        subprocess.run([sys.executable, "-m", "stages.core.config", "compose", *overrides], cwd=repo, env=env, check=True)
         subprocess.run([sys.executable, "-m", "stages.dag"], cwd=repo, env=env, check=True)
         t0 = time.perf_counter()
         proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, text=True, capture_output=True)
@@ -58,7 +58,7 @@ def _num(v: float | None) -> str:
 
 
 def predicted(sep: dict[str, float | None]) -> str:
-    """The direction the separations predict (`stages.regime.expected_use`), in a few words."""
+    """The direction the separations predict (`stages.evaluation.regime.expected_use`), in a few words."""
     use = expected_use(sep)
     return "none (not recorded)" if use is None else f"generative uses the shortcut {use}"
 

@@ -304,8 +304,8 @@ class LiveLog:
 
 def publish_validation_failure(root: Path, dataset: str) -> None:
     """The failing expectations of `dataset` in the task log and as a markdown artifact."""
-    from stages.artifacts import failure_summary, validated_path
-    from stages.io import read_json
+    from stages.core.artifacts import failure_summary, validated_path
+    from stages.core.io import read_json
 
     failed = root / validated_path(dataset).with_suffix(".failed.json")
     if not failed.is_file():  # failed before the suite ran (e.g. a config error): DVC's log says why
@@ -329,7 +329,7 @@ def publish_validation_failure(root: Path, dataset: str) -> None:
 @task(cache_policy=NO_CACHE, task_run_name="set-params")
 def set_params(root: str, overrides: list[str]) -> str:
     """Recompose params.yaml from conf/ with Hydra `overrides` (DVC's composition, as `dvc exp run -S`)."""
-    output = run_command([sys.executable, "-m", "stages.config", "compose", *overrides], root, "compose params.yaml")
+    output = run_command([sys.executable, "-m", "stages.core.config", "compose", *overrides], root, "compose params.yaml")
     get_run_logger().info("params.yaml composed with %s", " ".join(overrides))
     return output
 
@@ -372,14 +372,14 @@ def push_outputs(root: str) -> str:
 @task(cache_policy=NO_CACHE)
 def publish(root: str, datasets: list[str]) -> list[str]:
     """Leaderboard table, report markdown, validation results and links, as artifacts with stable keys."""
-    from stages.artifacts import (
+    from stages.core.artifacts import (
         LEADERBOARD_SCHEMA,
         REPORTS,
         data_docs_dir,
         prepared_path,
         validated_path,
     )
-    from stages.io import read_json, read_parquet
+    from stages.core.io import read_json, read_parquet
 
     base = Path(root).resolve()
     keys: list[str] = []
@@ -683,7 +683,7 @@ def positive_int(text: str) -> int:
 def main(argv: Sequence[str] | None = None, own_session: bool = False) -> int:
     """The command line. With `own_session` (`python -m pipeline.flows`), the run happens in a
     forked child in its own session (`run_in_own_session`)."""
-    from stages.cli import ArgumentParser  # a usage error is one line
+    from stages.core.console import ArgumentParser  # a usage error is one line
 
     parser = ArgumentParser(name="pipeline", prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", help="stage name or glob (repeatable); default: all")

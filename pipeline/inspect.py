@@ -417,7 +417,7 @@ def render(info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.cli import ArgumentParser  # a usage error is one line too
+    from stages.core.console import ArgumentParser  # a usage error is one line too
 
     parser = ArgumentParser(name="inspect", prog="python -m pipeline.inspect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path")

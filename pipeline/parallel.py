@@ -217,7 +217,7 @@ def atomic_lock_writes(repo: Any) -> None:
     the dump left it empty or cut short; both `Stage.dump` and the flow's re-ordering
     (`modify_yaml`) open it through this repo's filesystem object, and only that object's `open`
     is changed, only for writing dvc.lock."""
-    from stages.io import atomic_path
+    from stages.core.io import atomic_path
 
     fs = repo.fs
     plain_open = fs.open
@@ -375,6 +375,6 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 def cores() -> int:
     """The cores this process may use (affinity, not the machine's count)."""
-    from stages.runtime import available_cores
+    from stages.core.runtime import available_cores
 
     return available_cores()

@@ -143,8 +143,8 @@ def experiment_leaderboard(root: str, rev: str) -> list[dict[str, Any]]:
     """The leaderboard rows an experiment recorded (its data/reports/leaderboard.parquet)."""
     from dvc.api import DVCFileSystem
 
-    from stages.artifacts import LEADERBOARD_SCHEMA, REPORTS
-    from stages.io import read_parquet
+    from stages.core.artifacts import LEADERBOARD_SCHEMA, REPORTS
+    from stages.core.io import read_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp) / "leaderboard.parquet"
@@ -192,7 +192,7 @@ def sweep_schema(keys: Sequence[str]) -> Any:
     """Schema of data/reports/sweeps/<name>.parquet: point columns, one per grid key, metrics."""
     import pyarrow as pa
 
-    from stages.artifacts import LEADERBOARD_SCHEMA
+    from stages.core.artifacts import LEADERBOARD_SCHEMA
 
     fields = [
         pa.field("sweep", pa.string(), nullable=False),
@@ -209,7 +209,7 @@ def sweep_schema(keys: Sequence[str]) -> Any:
 
 def gather(sweep_name: str, axes: Sequence[tuple[str, list[str]]], points: Sequence[list[str]], names: Sequence[str], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (point, leaderboard row); a failed point is one row with its error and no metrics."""
-    from stages.artifacts import LEADERBOARD_SCHEMA
+    from stages.core.artifacts import LEADERBOARD_SCHEMA
 
     n_axes = len(axes)
     rows: list[dict[str, Any]] = []
@@ -231,10 +231,10 @@ def gather(sweep_name: str, axes: Sequence[tuple[str, list[str]]], points: Seque
 
 
 def write_sweep(root: Path, sweep: str, axes: Sequence[tuple[str, list[str]]], base_overrides: Sequence[str], rows: list[dict[str, Any]]) -> Path:
-    """Write the gathered rows through stages.io (atomic, fixed schema) and return the path."""
+    """Write the gathered rows through stages.core.io (atomic, fixed schema) and return the path."""
     import pyarrow as pa
 
-    from stages.io import write_parquet
+    from stages.core.io import write_parquet
 
     schema = sweep_schema([k for k, _ in axes])
     table = pa.Table.from_pylist(rows, schema=schema)
@@ -322,7 +322,7 @@ def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: st
     malformed grid or name, a folder that is not a DVC project, fixed overrides that do not
     compose into a valid config, and a grid key or value that does not (an unknown key, `[]`
     where a list may not be empty, a value of the wrong type or out of range): each would fail
-    inside every point it is in. Every value is composed once, in one `stages.config compose
+    inside every point it is in. Every value is composed once, in one `stages.core.config compose
     --set ...` process (the points' own composition), with the fixed overrides first. Returns
     the point count. The flow itself (a Prefect deployment runs it without this) still reports
     a point that fails with the others."""
@@ -334,7 +334,7 @@ def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: st
     if not (Path(root) / ".dvc").is_dir() or not (Path(root) / "conf").is_dir():
         raise ValueError(f"{Path(root).resolve()}: not a shiftlab DVC project (no .dvc/ or conf/ here); run the sweep from the repository's root")
     sets = [(None, [])] + value_sets(axes) if overrides else value_sets(axes)  # the fixed ones alone first: blamed alone
-    cmd = [sys.executable, "-m", "stages.config", "compose", *overrides]
+    cmd = [sys.executable, "-m", "stages.core.config", "compose", *overrides]
     for _, extra in sets:
         cmd += ["--set", *extra]
     proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
@@ -362,7 +362,7 @@ def _grid_key(key: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.cli import ArgumentParser  # a usage error is one line
+    from stages.core.console import ArgumentParser  # a usage error is one line
 
     parser = ArgumentParser(name="sweep", prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2", help="one axis (repeatable)")

@@ -1,4 +1,6 @@
-"""shiftlab stages: one module per DVC stage, plus the library they share (io, config, artifacts, metrics).
+"""shiftlab stages: one module per DVC stage (prepare, validate, pretrain, train, distill, evaluate,
+report, phase), and the library they share in named sub-packages (core, evaluation, datasets,
+models, validation, reporting; see the README's Layout).
 
 Importing the package first checks that this Python has the project's packages, so a stage
 started by another Python (`python3 -m stages.train ...` outside the venv, or `.venv/bin/dvc

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("stages",)
 ENTRYPOINTS = ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
 SLOTS = 16  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
-STUDENT_SUFFIX = "_student"  # stages.settings.STUDENT_SUFFIX (this module imports nothing)
+STUDENT_SUFFIX = "_student"  # stages.core.settings.STUDENT_SUFFIX (this module imports nothing)
 STUDENT_MODEL = "mlp"  # the model kind stages/distill.py trains
 
 
@@ -135,11 +135,11 @@ def _registered(module_path: Path, call: str, mtime: int) -> tuple[tuple[str, An
 
 
 def method_registration(kind: str, root: Path = ROOT) -> dict[str, Any]:
-    """The literal keywords of stages/models/<kind>.py's `register_method` (see stages/registry.py)."""
+    """The literal keywords of stages/models/<kind>.py's `register_method` (see stages/core/registry.py)."""
     return registered(root / "stages" / "models" / f"{kind}.py", "register_method")
 
 
-PRETRAINED_VALUE = "pretrained"  # stages.registry.PRETRAINED_VALUE (this module imports nothing)
+PRETRAINED_VALUE = "pretrained"  # stages.core.registry.PRETRAINED_VALUE (this module imports nothing)
 
 
 def needs_pretrained(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> bool:
@@ -162,11 +162,11 @@ def upstream(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> tuple[str,
 
 
 def config_error(message: str) -> ValueError:
-    """stages.schema.ConfigError(message) — a ValueError — where the project is importable;
+    """stages.core.schema.ConfigError(message) — a ValueError — where the project is importable;
     a plain ValueError in a process that loaded this file alone (DVC's Hydra composition turns
     either into a composition error with the message)."""
     try:
-        from stages.schema import ConfigError
+        from stages.core.schema import ConfigError
     except ImportError:
         return ValueError(message)
     return ConfigError(message)

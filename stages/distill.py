@@ -12,7 +12,7 @@ with the shared training loop and checkpoint selection. Writes the student's mod
 data/models/<dataset>/<teacher>_student/seed=<seed>/; its config.json names the teacher
 (`teacher`, `teacher_kind`) and carries both inference costs (`inference_cost` of the
 student, `teacher_inference_cost`; see stages.models.inference_cost) for the report, and its
-`provenance` (stages/provenance.py: kind `distill`, the teacher's weights among its inputs). A
+`provenance` (stages/core/provenance.py: kind `distill`, the teacher's weights among its inputs). A
 teacher whose own provenance names another model, dataset, seed or prepared file is refused.
 Any trained model is a valid teacher: only its `logits` are used, on train (the targets)
 and on val (the objective's value on val each epoch, in history.parquet).
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from stages.cli import parse_seed, stage_main
-from stages.config import section, section_help
-from stages.settings import DistillConfig, student_name
+from stages.core.cli import parse_seed, stage_main
+from stages.core.config import configure_runtime, section, section_help
+from stages.core.settings import DistillConfig, student_name
 
 if TYPE_CHECKING:
-    from stages.artifacts import Prepared
+    from stages.core.artifacts import Prepared
     from stages.models import Classifier
     from stages.models.mlp import MLPClassifier
     from stages.models.training import FitResult
@@ -45,10 +45,10 @@ def distill(
     """Train a student on `teacher`'s train-split logits; returns (student with the selected weights, FitResult)."""
     import torch
 
+    from stages.core.runtime import setup_torch
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import FitOptions, distillation_loss, fit_classifier, split_data
-    from stages.runtime import setup_torch
 
     generator = setup_torch(seed)
     splits = split_data(prepared)
@@ -60,7 +60,7 @@ def distill(
         s = splits[name]
         teacher_logits = np.asarray(teacher.logits(prepared.subset(name).text if text_input else s.x.numpy()))
         if teacher_logits.shape != (len(s), prepared.n_classes) or not np.isfinite(teacher_logits).all():
-            from stages.io import ArtifactError
+            from stages.core.io import ArtifactError
 
             what = "non-finite logits" if teacher_logits.shape == (len(s), prepared.n_classes) else f"logits of shape {teacher_logits.shape}"
             raise ArtifactError(f"teacher ({teacher.kind}) gives {what} on {name}, expected finite {(len(s), prepared.n_classes)}")
@@ -74,16 +74,16 @@ def distill(
 
 
 def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
-    from stages import provenance, runtime
-    from stages.artifacts import model_dir, prepared_path
-    from stages.io import ArtifactError, check_writable
+    from stages.core import provenance
+    from stages.core.artifacts import model_dir, prepared_path
+    from stages.core.io import ArtifactError, check_writable
     from stages.models import WEIGHTS, inference_cost, load_model, save_model
-    from stages.models.robust import selection_summary
-    from stages.models.training import NonFiniteLoss, convergence, read_prepared_input
+    from stages.models.history import convergence, selection_summary
+    from stages.models.training import NonFiniteLoss, read_prepared_input
 
     seed_i = parse_seed(seed)
     cfg = section(params, "distill", DistillConfig)
-    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
+    rt = configure_runtime(params)  # before any data is read: a device this machine lacks stops it now
     teacher_dir = model_dir(dataset, teacher, seed_i)
     if not (teacher_dir / WEIGHTS).is_file():
         raise ArtifactError(

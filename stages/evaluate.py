@@ -10,7 +10,7 @@ metrics with bootstrap intervals and per-group confusion, the shift summary and 
 model's inference cost) and data/plots/<dataset>/<model>/seed=<k>/{reliability,groups,
 shift_curve}.json for `dvc plots show` and the report. Nothing written depends on timing.
 
-The model's provenance (stages/provenance.py) must name this dataset, model and seed and the
+The model's provenance (stages/core/provenance.py) must name this dataset, model and seed and the
 prepared file's present bytes, else one line names both and nothing is written. Predictions
 (Parquet file metadata) and metrics record their own `provenance`: the evaluated model and its
 kind, the seed, the sha256 of the `evaluate` section and of the prepared file and the weights.
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from stages import provenance
-from stages.artifacts import (
+from stages.core import provenance
+from stages.core.artifacts import (
     SPLITS,
     Prepared,
     metrics_path,
@@ -36,9 +36,9 @@ from stages.artifacts import (
     prepared_path,
     read_prepared,
 )
-from stages.cli import stage_main
-from stages.config import section, section_help
-from stages.io import (
+from stages.core.cli import stage_main
+from stages.core.config import configure_runtime, section, section_help
+from stages.core.io import (
     PROVENANCE,
     ArtifactError,
     numpy_to_fixed_list,
@@ -46,16 +46,16 @@ from stages.io import (
     write_json,
     write_parquet,
 )
-from stages.metrics import group_proportions, predictions, split_metrics
-from stages.settings import STUDENT_SUFFIX, EvaluateConfig
-from stages.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
+from stages.core.settings import STUDENT_SUFFIX, EvaluateConfig
+from stages.evaluation.metrics import group_proportions, predictions, split_metrics
+from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE, reweighted_curve, shift_axis
 
 if TYPE_CHECKING:
-    from stages.stream import PreparedFile
+    from stages.core.stream import PreparedFile
 
 # Splits whose reliability curve is plotted: the two test distributions being compared.
 PLOTTED_SPLITS = ("test_id", "test_ood")
-# The shift curve pools both test splits (see stages/shift.py).
+# The shift curve pools both test splits (see stages/evaluation/shift.py).
 POOLED_SPLITS = ("test_id", "test_ood")
 # Bootstrap streams: [bootstrap_seed, index]; splits use their SPLITS index, the shift curve this.
 SHIFT_STREAM = len(SPLITS)
@@ -282,7 +282,7 @@ def stream_logits(classifier: Any, prepared: PreparedFile, batch_size: int) -> n
     """Logits of every row in file order, `x` read row group by row group (runtime.stream): the same
     `batch_size` batches `classifier.logits` makes of the whole array, so the same bytes. Only
     for models that `scores_rows_alone`."""
-    from stages.stream import to_input
+    from stages.core.stream import to_input
 
     parts = [classifier.logits(to_input(x).numpy(), batch_size=batch_size)
              for x in prepared.all_rows().x_batches(batch_size)]
@@ -302,7 +302,7 @@ def model_info(model_path: Path) -> dict[str, Any]:
     kind: the method family (`config.kind`; "distill" for a student, which records a
     `teacher` instead), selection and selected_epoch (top level), init (`config.init`),
     teacher and teacher_kind (students), convergence (the under-training check of the
-    model's history, `training.convergence`). Absent or null values are left out.
+    model's history, `history.convergence`). Absent or null values are left out.
     """
     config_file = model_path / "config.json"
     if not config_file.is_file():
@@ -330,15 +330,15 @@ def regenerated_shift(
     prepared: Prepared, classifier: Any, reweighted: list[dict[str, Any]], cfg: EvaluateConfig
 ) -> list[dict[str, Any]]:
     """The regenerate route's plot rows for a dataset whose kind registers a `regenerate`
-    route (stages/registry.py; else none).
+    route (stages/core/registry.py; else none).
 
     Rebuilds the generator config from the prepared file's `params` metadata with the kind's
     own schema, and uses the reweighted curve's agreement rates, so both routes share one x axis.
     """
     if cfg.shift_regenerate_n == 0:
         return []
-    from stages import registry
-    from stages.shift import regenerated_curve
+    from stages.core import registry
+    from stages.evaluation.shift import regenerated_curve
 
     kind = prepared.meta.get("kind")
     spec = registry.find_dataset(kind) if isinstance(kind, str) else None
@@ -371,16 +371,15 @@ def regenerated_shift(
 
 def run(params: Any, dataset: str, model: str, seed: str) -> str:
     """Load the model and prepared data, score every row, write predictions, metrics and plots."""
-    from stages import runtime
-    from stages.cli import parse_seed
-    from stages.io import check_writable
+    from stages.core.cli import parse_seed
+    from stages.core.io import check_writable
 
     seed_int = parse_seed(seed)
     cfg = section(params, "evaluate", EvaluateConfig)
     prepared_file = prepared_path(dataset)
-    from stages.stream import PreparedFile, to_input  # imports torch
+    from stages.core.stream import PreparedFile, to_input  # imports torch
 
-    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
+    rt = configure_runtime(params)  # before any data is read: a device this machine lacks stops it now
     # runtime.stream: only the small columns in memory, `x` scored row group by row group (stream_logits)
     # for a model that scores rows one by one; any other reads the file whole once it is loaded
     prepared = PreparedFile.open(prepared_file) if rt.stream else read_prepared(prepared_file)
@@ -393,11 +392,11 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     check_writable(predictions_path(dataset, model, seed_int), metrics_path(dataset, model, seed_int),
                    plots_dir(dataset, model, seed_int) / "reliability.json")
 
+    from stages.core.runtime import setup_torch
     from stages.models import WEIGHTS, load_model
-    from stages.runtime import setup_torch
 
     setup_torch(seed_int)  # stochastic scorers (noise draws) use the seeded RNG
-    # Weights made for another model, dataset, seed or prepared file are refused (stages/provenance.py).
+    # Weights made for another model, dataset, seed or prepared file are refused (stages/core/provenance.py).
     made_for = provenance.Expected(
         dataset, producing_stage(dataset, model, seed_int), model=model, seed=seed_int, inputs=(prepared_file,)
     )

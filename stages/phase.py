@@ -51,13 +51,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from omegaconf import DictConfig
 
-from stages import registry
-from stages.artifacts import DATA
-from stages.cli import stage_main
-from stages.config import dataset_section, method_section, section, section_help
-from stages.io import check_writable, write_json
-from stages.schema import ConfigError
-from stages.settings import PHASE_KNOBS, PhaseConfig
+from stages.core import registry
+from stages.core.artifacts import DATA
+from stages.core.cli import stage_main
+from stages.core.config import dataset_section, method_section, section, section_help
+from stages.core.io import check_writable, write_json
+from stages.core.schema import ConfigError
+from stages.core.settings import PHASE_KNOBS, PhaseConfig
 
 PHASE_PATH = DATA / "phase" / "phase.json"
 MAX_NEWTON_STEPS = 100  # a strongly convex solve converges in far fewer; more means a bug
@@ -234,7 +234,7 @@ def population_worst_group(cfg: Any) -> float | None:
 
 
 def _worst_group(logits: np.ndarray, y: np.ndarray, g: np.ndarray, n_groups: int) -> tuple[float, float]:
-    from stages.metrics import group_accuracies, predictions
+    from stages.evaluation.metrics import group_accuracies, predictions
 
     correct = predictions(logits) == y
     n, acc = group_accuracies(correct, g, n_groups)
@@ -244,7 +244,7 @@ def _worst_group(logits: np.ndarray, y: np.ndarray, g: np.ndarray, n_groups: int
 def compare_cell(cfg: Any, pcfg: PhaseConfig, gcfg: Any, seed: int) -> dict[str, Any]:
     """Worst-group and plain test_ood accuracy of the generative classifier and the logistic
     regressions on one dataset generated from `cfg` by its kind's generator."""
-    from stages.runtime import setup_torch
+    from stages.core.runtime import setup_torch
 
     generate = registry.dataset(cfg.kind).generate
     if generate is None:
@@ -292,7 +292,7 @@ def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any
 
     `base` is the validated dataset config of `phase.base` (see `base_config`).
     """
-    from stages.runtime import progress
+    from stages.core.runtime import progress
 
     knob_types(base)
 

@@ -3,11 +3,11 @@
     python -m stages.prepare <dataset> [dataset.<dataset>.rho_train=0.9 ...]
 
 Reads `dataset.<dataset>` from params.yaml and looks up its `kind` in the registry
-(stages/registry.py; one module per kind under stages/datasets/). A generated dataset's
+(stages/core/registry.py; one module per kind under stages/datasets/). A generated dataset's
 `generate(cfg)` returns its columns in memory: this stage checks that every group appears in
 val, test_id and test_ood and writes one row per example (id, split, y, a, g, x[, text]) with
 the generator's parameters in the file metadata, and the dataset's regime (`separation`: the
-generator's closed form, else estimated on the train rows by stages/regime.py). Same params =>
+generator's closed form, else estimated on the train rows by stages/evaluation/regime.py). Same params =>
 byte-identical file. A real
 benchmark's `load(dataset, cfg, out_path)` reads data/raw/<dataset>/ instead and streams the
 file in row groups itself. See docs/datasets.md.
@@ -22,12 +22,12 @@ import numpy as np
 import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
-from stages import artifacts, io, registry
-from stages.artifacts import SPLITS
-from stages.cli import stage_main
-from stages.config import dataset_config, describe_section, help_params
+from stages.core import artifacts, io, registry
+from stages.core.artifacts import SPLITS
+from stages.core.cli import stage_main
+from stages.core.config import dataset_config, describe_section, help_params
 from stages.datasets import check_groups, group_ids
-from stages.regime import describe, estimate_separation
+from stages.evaluation.regime import describe, estimate_separation
 
 
 def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:

@@ -8,7 +8,7 @@ statistics, corrupted with N(0, noise_std²) noise, and the encoder + mirrored d
 to reconstruct the clean standardised input (MSE). Writes, as one atomic folder,
 data/pretrained/<dataset>/encoder.safetensors (standardisation + encoder; metadata: in_dim,
 hidden) and embeddings.parquet (id, split, z = encoder output for every split); both record
-their `provenance` (stages/provenance.py; model `pretrain`), which the methods reading them check.
+their `provenance` (stages/core/provenance.py; model `pretrain`), which the methods reading them check.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from stages.cli import stage_main
-from stages.config import section, section_help
-from stages.settings import PretrainConfig
+from stages.core.cli import stage_main
+from stages.core.config import configure_runtime, section, section_help
+from stages.core.settings import PretrainConfig
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +42,8 @@ class UnlabelledInputs:
 def read_inputs(dataset: str) -> UnlabelledInputs:
     """id, split and x of the prepared file — the label columns are never read — with the
     checks every reader of prepared rows makes (metadata, schema, finite x), before any work."""
-    from stages.artifacts import finite_x, prepared_meta, prepared_path
-    from stages.io import ArtifactError, read_parquet
+    from stages.core.artifacts import finite_x, prepared_meta, prepared_path
+    from stages.core.io import ArtifactError, read_parquet
 
     path = prepared_path(dataset)
     if not path.is_file():
@@ -68,9 +68,9 @@ def fit_dae(
     import torch
     import torch.nn.functional as F
 
+    from stages.core.runtime import progress
     from stages.models.nets import DenoisingAutoencoder
     from stages.models.training import NonFiniteLoss, run_epoch
-    from stages.runtime import progress
 
     x = torch.tensor(np.asarray(x_train, dtype=np.float32))
     dae = DenoisingAutoencoder(x.shape[1], cfg.hidden)
@@ -97,15 +97,15 @@ def fit_dae(
 def run(params: DictConfig, dataset: str) -> str:
     import pyarrow as pa
 
-    from stages import provenance, runtime
-    from stages.artifacts import embeddings_schema, prepared_path, pretrained_dir
-    from stages.io import PROVENANCE, check_writable, numpy_to_fixed_list, write_parquet
+    from stages.core import provenance
+    from stages.core.artifacts import embeddings_schema, prepared_path, pretrained_dir
+    from stages.core.io import PROVENANCE, check_writable, numpy_to_fixed_list, write_parquet
+    from stages.core.runtime import setup_torch
     from stages.models import EMBEDDINGS, ENCODER, atomic_dir, save_encoder
     from stages.models.training import NonFiniteLoss
-    from stages.runtime import setup_torch
 
     cfg = section(params, "pretrain", PretrainConfig)
-    runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
+    configure_runtime(params)  # before any data is read: a device this machine lacks stops it now
     inputs = read_inputs(dataset)
     check_writable(folders=[pretrained_dir(dataset)])  # before any work, not after it
     generator = setup_torch(cfg.seed)

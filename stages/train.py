@@ -3,7 +3,7 @@
     python -m stages.train <dataset> <method> <seed> [key=value ...]
 
 Reads data/prepared/<dataset>.parquet and the section `method.<method>` of params.yaml; its
-`kind` names the method's module (stages/models/<kind>.py, see stages/registry.py), whose
+`kind` names the method's module (stages/models/<kind>.py, see stages/core/registry.py), whose
 registered `train(job)` does the work: epoch-trained methods through the shared loop
 (stages/models/training.py) with the epoch chosen by `selection`, closed-form ones in one
 fit. Methods with `init: pretrained` (and those reading embeddings) take the pretrain stage's
@@ -13,14 +13,14 @@ config.json records, besides the resolved config, `reads_splits` (the splits who
 change the weights; tests/test_robust.py poisons every other split and checks the weights do
 not move), `selections` (the epoch and metrics each criterion val_avg / val_worst_group /
 oracle would pick; only `selection` chose the weights), via `save_model`, `inference_cost`, and
-`provenance` (also in the weights' header; stages/provenance.py): the method's name and kind,
+`provenance` (also in the weights' header; stages/core/provenance.py): the method's name and kind,
 the seed, the sha256 of its resolved `method.<method>` section and of every file it read.
 
 Every method trained by epochs writes a checkpoint to
 scratch/checkpoints/train@<dataset>-<method>-<seed>/ every `train.checkpoint_every` epochs
 and when stopped by SIGINT/SIGTERM; running the same command again resumes from it
 (byte-identical result) unless `train.resume=false`. The checkpoint is deleted once the
-model folder is written (see stages/checkpoint.py).
+model folder is written (see stages/core/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,18 +32,19 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stages import registry
-from stages.cli import parse_seed, stage_main
-from stages.config import (
+from stages.core import registry
+from stages.core.cli import parse_seed, stage_main
+from stages.core.config import (
     check_text_input,
+    configure_runtime,
     defaults,
     describe_section,
     help_params,
     method_config,
     section,
 )
-from stages.schema import SELECTION_SPLIT
-from stages.settings import TrainConfig
+from stages.core.schema import SELECTION_SPLIT
+from stages.core.settings import TrainConfig
 
 
 def reads_splits(cfg: Any) -> tuple[str, ...]:
@@ -59,7 +60,7 @@ def reads_splits(cfg: Any) -> tuple[str, ...]:
 def input_files(spec: registry.MethodSpec, cfg: Any, dataset: str, seed: int) -> list[Path]:
     """The files a method reads, as its DVC deps name them: the prepared Parquet, the pretrain
     stage's outputs (when the method needs them) and its upstream method's model weights."""
-    from stages.artifacts import model_dir, prepared_path, pretrained_dir
+    from stages.core.artifacts import model_dir, prepared_path, pretrained_dir
     from stages.models import EMBEDDINGS, ENCODER, WEIGHTS
 
     files = [prepared_path(dataset)]
@@ -77,16 +78,16 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     seed_i = parse_seed(seed)  # first: a bad seed is refused before torch is imported
     from torch import nn
 
-    from stages import provenance, runtime
-    from stages.artifacts import model_dir, prepared_path
-    from stages.checkpoint import checkpoint_dir
-    from stages.io import check_writable
+    from stages.core import provenance
+    from stages.core.artifacts import model_dir, prepared_path
+    from stages.core.checkpoint import checkpoint_dir
+    from stages.core.io import check_writable
     from stages.models import save_model
     from stages.models.training import NonFiniteLoss, TrainJob, model_device, read_prepared_input
 
     cfg = method_config(params, method)
     spec = registry.method(cfg.kind)
-    rt = runtime.configure(params)  # before any data is read: a device this machine lacks stops it now
+    rt = configure_runtime(params)  # before any data is read: a device this machine lacks stops it now
     # A hand-written params file may lack the `train` section: conf/'s values then.
     has = OmegaConf.select(params, "train") is not None
     settings = section(params, "train", TrainConfig) if has else defaults("train", "default")

@@ -33,12 +33,12 @@ names) are unique; and the file is the one the stage was asked for: metadata `da
 stage's dataset and metadata `kind` is params.yaml's `dataset.<name>.kind` (a file copied over
 another's fails here). A failed group expectation names the split and each short group.
 
-`x` is read in record batches of at most `X_BATCH_BYTES` (`stages.io.iter_parquet_batches`)
+`x` is read in record batches of at most `X_BATCH_BYTES` (`stages.core.io.iter_parquet_batches`)
 and reduced to x, x_len and x_finite batch by batch, so a 200k-image dataset never has all its
 pixels in memory at once; the other columns are read whole (a few numbers per row).
 
 The report and the summary line also state the dataset's regime: metadata `separation`
-({cue, core}, stages/regime.py) and what it predicts (`predicted_direction`). It is not an
+({cue, core}, stages/evaluation/regime.py) and what it predicts (`predicted_direction`). It is not an
 expectation: a file prepared before `separation` was recorded validates, with the note
 MISSING_SEPARATION telling the user to re-run prepare.
 
@@ -66,11 +66,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from omegaconf import OmegaConf
 
-from stages.artifacts import SPLITS, data_docs_dir, failure_summary, prepared_path, validated_path
-from stages.cli import stage_main
-from stages.config import section, section_help
-from stages.data_docs import localize
-from stages.io import (
+from stages.core.artifacts import (
+    SPLITS,
+    data_docs_dir,
+    failure_summary,
+    prepared_path,
+    validated_path,
+)
+from stages.core.cli import stage_main
+from stages.core.config import section, section_help
+from stages.core.io import (
     ArtifactError,
     check_writable,
     iter_parquet_batches,
@@ -81,8 +86,9 @@ from stages.io import (
     temp_prefix,
     write_json,
 )
-from stages.regime import describe, parse_separation, predicted_direction
-from stages.settings import ValidateConfig
+from stages.core.settings import ValidateConfig
+from stages.evaluation.regime import describe, parse_separation, predicted_direction
+from stages.validation.data_docs import localize
 
 CONTRACT_COLUMNS = ("id", "split", "y", "a", "g", "x")
 INT_COLUMNS = ("id", "y", "a", "g")
@@ -576,7 +582,7 @@ def scrub_docs(site: Path) -> None:
     the batch's `ge_load_time`, and a fresh uuid4 in each collapsible block's HTML id.
     The logo becomes the copy under static/images, the load time a fixed marker, and each
     uuid a counter in order of appearance within its page. The scripts and styles the pages
-    load from CDNs are copied into static/vendor and loaded from there (stages/data_docs.py).
+    load from CDNs are copied into static/vendor and loaded from there (stages/validation/data_docs.py).
     """
     logo = site / "static" / "images" / "logo-long.png"
     for page in sorted(site.rglob("*.html")):
@@ -673,7 +679,7 @@ def validate(dataset: str, cfg: ValidateConfig, kind: str | None = None) -> str:
         validated_path(dataset).with_suffix(".failed.json"),
     )
     docs.parent.mkdir(parents=True, exist_ok=True)
-    # Staged beside the docs under the pid-tagged temp name stages/io.py uses, so a folder left
+    # Staged beside the docs under the pid-tagged temp name stages/core/io.py uses, so a folder left
     # by a killed run is swept here (and ignored by DVC: .dvcignore has `.*.tmp`).
     sweep_stale_temps(docs)
     staging = Path(tempfile.mkdtemp(prefix=temp_prefix(docs), suffix=".tmp", dir=docs.parent))

@@ -33,5 +33,5 @@ def repro_project(dest: Path, overrides: list[str], *targets: str) -> str:
 
     copy_project(ROOT, dest)
     sh("git", "init", "-q")
-    sh(sys.executable, "-m", "stages.config", "compose", *overrides)
+    sh(sys.executable, "-m", "stages.core.config", "compose", *overrides)
     return sh("dvc", "repro", *targets)

@@ -15,15 +15,15 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from stages import artifacts, provenance, registry
-from stages.artifacts import Prepared
-from stages.config import defaults
-from stages.io import ArtifactError, numpy_to_fixed_list, read_parquet, write_parquet
+from stages.core import artifacts, provenance, registry
+from stages.core.artifacts import Prepared
+from stages.core.config import defaults
+from stages.core.io import ArtifactError, numpy_to_fixed_list, read_parquet, write_parquet
+from stages.core.schema import ConfigError
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
 from stages.models.backbone import TimmClassifier, head_prefixes
 from stages.models.discriminative import build_classifier
 from stages.models.training import Trained, TrainJob
-from stages.schema import ConfigError
 from tests.support import repro_project
 
 SPLIT_SIZES = {"train": 64, "val": 32, "test_id": 32, "test_ood": 32}
@@ -218,8 +218,8 @@ def test_a_resnet18_learns_the_toy_and_the_same_seed_gives_the_same_bytes(tmp_pa
 
 
 def test_the_train_statistics_are_the_same_read_in_memory_or_streamed(tmp_path):
+    from stages.core.stream import PreparedFile
     from stages.models.backbone import build
-    from stages.stream import PreparedFile
 
     path = write_prepared(toy(), tmp_path / "toy.parquet", x_dtype="uint8")
     memory = artifacts.read_prepared(path)

@@ -25,9 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import inspect
-from stages import config, evaluate, prepare, train, validate
-from stages.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
-from stages.io import numpy_to_fixed_list, save_weights, write_parquet
+from stages import evaluate, prepare, train, validate
+from stages.core import config
+from stages.core.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
+from stages.core.io import numpy_to_fixed_list, save_weights, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
@@ -344,7 +345,7 @@ CASES = [
     Case("model-folder-missing", "models", *EVAL, lambda: shutil.rmtree(M.parent), (str(M.parent), "not found", "dvc repro")),
     Case("pretrained-encoder-of-another-input-size", "models", "train", (DS, "erm", "0", *FAST, "method.erm.init=pretrained"),
          encoder_of_other_width, ("encoder.safetensors", "expects 7 inputs", "has 4")),
-    # provenance (stages/provenance.py): a model is what its folder says, made from the prepared file as it is
+    # provenance (stages/core/provenance.py): a model is what its folder says, made from the prepared file as it is
     Case("weights-of-another-method", "models", "evaluate", (DS, "groupdro", "0"), copy_model(DS, "groupdro", 0, weights_only=True),
          (str(model_dir(DS, "groupdro", 0) / M.name), "trained as method 'erm'", "not 'groupdro'")),
     Case("weights-of-another-seed", "models", "evaluate", (DS, "erm", "1"), copy_model(DS, "erm", 1),

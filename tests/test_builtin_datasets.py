@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages import artifacts, io, text
-from stages.artifacts import SPLITS
-from stages.config import defaults
+from stages.core import artifacts, io, text
+from stages.core.artifacts import SPLITS
+from stages.core.config import defaults
 from stages.datasets import mnist1d_shortcut, shortcut_text
 from stages.prepare import prepare
 from tests.support import repro_project
@@ -126,7 +126,7 @@ def test_mnist1d_shortcut_runs_end_to_end_through_dvc_repro(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_shortcut_text_recipe_runs_the_text_models_end_to_end_through_dvc_repro(tmp_path: Path) -> None:
-    from stages.io import read_parquet
+    from stages.core.io import read_parquet
 
     log = repro_project(tmp_path, TEXT)  # the whole DAG, through the report
     assert "'report'" in log

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stages import config, registry
-from stages.config import ConfigError, check_all, load_params, method_config, section
+from stages.core import config, registry
+from stages.core.config import ConfigError, check_all, load_params, method_config, section
 
 ROOT = Path(__file__).resolve().parents[1]
 

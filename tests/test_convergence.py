@@ -1,5 +1,5 @@
 """Trained to convergence, visibly: the training objective per epoch in history.parquet, the
-under-training flag (`training.convergence`) and where the report shows it."""
+under-training flag (`history.convergence`) and where the report shows it."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ import shutil
 import pytest
 import torch
 
-from stages import report, train
-from stages.artifacts import HISTORY_SCHEMA, LEADERBOARD_SCHEMA, model_dir
-from stages.io import read_json, read_parquet
+from stages import train
+from stages.core.artifacts import HISTORY_SCHEMA, LEADERBOARD_SCHEMA, model_dir
+from stages.core.io import read_json, read_parquet
 from stages.models import CONFIG, HISTORY
 from stages.models.diffusion import train_diffusion
-from stages.models.training import (
+from stages.models.history import (
     UNDERTRAINED_GAIN,
     UNDERTRAINED_MIN_EPOCHS,
     UNDERTRAINED_WINDOW,
     convergence,
     history_rows,
 )
+from stages.reporting import render
 from tests.test_evaluate_report import fake_metrics
 from tests.test_generative import blobs, diffusion_cfg
 from tests.test_train import DS, REPO, write_prepared
@@ -76,7 +77,7 @@ def test_too_few_epochs_or_none_is_not_applicable():
 
 def test_the_report_explains_the_thresholds_the_rule_uses():
     assert (UNDERTRAINED_WINDOW, UNDERTRAINED_MIN_EPOCHS, UNDERTRAINED_GAIN) == (0.2, 2, 0.01)
-    assert "more than 1% over the last 20% of its epochs (at least 2)" in " ".join(report.INTRO.split())
+    assert "more than 1% over the last 20% of its epochs (at least 2)" in " ".join(render.INTRO.split())
 
 
 # ---- history of real trainings -------------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_the_report_flags_under_trained_models_in_its_table_and_leaderboard():
         erm, lda = fake_metrics("gauss", "erm", seed), fake_metrics("gauss", "lda", seed)
         erm["model_config"] = {**erm["model_config"], "convergence": flagged}
         runs += [erm, lda]
-    built = report.build_report(runs)
+    built = render.build_report(runs)
     table = built.markdown.split("## gauss")[1]
     erm_row = next(line for line in table.splitlines() if line.startswith("| erm |"))
     lda_row = next(line for line in table.splitlines() if line.startswith("| lda |"))

@@ -22,15 +22,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stages import evaluate, metrics, provenance, report, shift
-from stages.artifacts import (
+from stages import evaluate, report
+from stages.core import provenance
+from stages.core.artifacts import (
     SPLITS,
     metrics_path,
     predictions_path,
     predictions_schema,
     prepared_path,
 )
-from stages.io import (
+from stages.core.io import (
     fixed_list_to_numpy,
     fixed_precision,
     read_json,
@@ -38,6 +39,7 @@ from stages.io import (
     save_weights,
     write_json,
 )
+from stages.evaluation import comparison, metrics, shift
 from tests.support import project_env
 from tests.test_evaluate_report import _write_prepared, toy_logits, toy_prepared
 
@@ -61,7 +63,7 @@ WRITTEN = ("data/predictions", "data/metrics", "data/plots", "data/reports")
 def run_pipeline(root: Path, mp: pytest.MonkeyPatch) -> dict[str, str]:
     """evaluate every (model, seed) and then report, in `root`; returns, per JSON file evaluate
     and report wrote, the object handed to `write_json`, and per model the report's summary
-    before it is rounded (`report._at_written_precision`), as JSON with every float in full."""
+    before it is rounded (`comparison.at_written_precision`), as JSON with every float in full."""
     root.mkdir(parents=True, exist_ok=True)
     mp.chdir(root)
     Path("params.yaml").write_text((REPO / "params.yaml").read_text())
@@ -93,19 +95,19 @@ def run_pipeline(root: Path, mp: pytest.MonkeyPatch) -> dict[str, str]:
             return real(obj, path, derived=derived)
 
         mp.setattr(module, "write_json", spy)
-    at_precision = report._at_written_precision  # the report rounds its numbers before it draws them
+    at_precision = comparison.at_written_precision  # the report rounds its numbers before it draws them
 
-    def spy_summary(s: report.ModelSummary) -> report.ModelSummary:
+    def spy_summary(s: comparison.ModelSummary) -> comparison.ModelSummary:
         raw[f"report summary of {s.model}"] = json.dumps(dataclasses.asdict(s), sort_keys=True)
         return at_precision(s)
 
-    mp.setattr(report, "_at_written_precision", spy_summary)
+    mp.setattr(comparison, "at_written_precision", spy_summary)
     with pytest.MonkeyPatch.context() as models:  # stand-ins while evaluate loads models, no torch
         fake = types.ModuleType("stages.models")
         fake.WEIGHTS = "model.safetensors"  # type: ignore[attr-defined]
         fake.load_model = lambda path, expect=None: StandIn(logits[Path(path).as_posix()])  # type: ignore[attr-defined]
         models.setitem(sys.modules, "stages.models", fake)
-        models.setattr("stages.runtime.setup_torch", lambda seed: None)
+        models.setattr("stages.core.runtime.setup_torch", lambda seed: None)
         for model in KINDS:
             for seed in SEEDS:
                 assert evaluate.main(["toy", model, str(seed), *OPTIONS]) == 0
@@ -136,7 +138,7 @@ def reverse_every_reduction(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(np, "bincount", bincount_reversed)
     mp.setattr(np, "polyfit", lambda x, y, deg: polyfit(np.asarray(x)[::-1], np.asarray(y)[::-1], deg))
     mp.setattr(shift, "_curves", lambda n, acc, mass, cell: curves(n[:, ::-1], acc[:, ::-1], mass[:, ::-1], cell[::-1]))
-    for module, name in ((metrics, "log_softmax"), (metrics, "softmax"), (report, "softmax")):
+    for module, name in ((metrics, "log_softmax"), (metrics, "softmax"), (comparison, "softmax")):
         f = getattr(metrics, name)
         mp.setattr(module, name, lambda z, f=f: f(np.asarray(z)[:, ::-1])[:, ::-1])
 

@@ -9,7 +9,8 @@ import pytest
 from dvc.repo import Repo
 from omegaconf import OmegaConf
 
-from stages import dag, registry
+from stages import dag
+from stages.core import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 

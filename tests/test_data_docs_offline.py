@@ -1,7 +1,7 @@
 """The validate stage's Data Docs open offline: every script, style and font is a local file.
 
 GX writes pages that load jQuery, Bootstrap, bootstrap-table, Font Awesome, ... from CDNs;
-stages/data_docs.py copies them into the site. Checked statically (every reference resolves
+stages/validation/data_docs.py copies them into the site. Checked statically (every reference resolves
 to a file in the site) and in headless Chromium with the network blocked (the index's tables
 are drawn, so the scripts ran; the icons' font loaded; nothing failed to load).
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from stages import data_docs
 from stages import validate as stage
-from stages.artifacts import data_docs_dir
+from stages.core.artifacts import data_docs_dir
+from stages.validation import data_docs
 from tests.test_report_html import CHROMIUM_FLAGS, chromium
 from tests.test_validate import PARAMS, make_columns, write_prepared
 

@@ -1,4 +1,4 @@
-"""The runtime section (device, precision, threads, determinism) and the streaming reader (stages/stream.py)."""
+"""The runtime section (device, precision, threads, determinism) and the streaming reader (stages/core/stream.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from stages import evaluate, runtime, train
-from stages.artifacts import (
+from stages import evaluate, train
+from stages.core import runtime
+from stages.core.artifacts import (
     metrics_path,
     model_dir,
     predictions_path,
@@ -21,11 +22,11 @@ from stages.artifacts import (
     prepared_schema,
     read_prepared,
 )
-from stages.io import ArtifactError, numpy_to_fixed_list, read_json, write_parquet_stream
+from stages.core.io import ArtifactError, numpy_to_fixed_list, read_json, write_parquet_stream
+from stages.core.settings import RuntimeConfig
+from stages.core.stream import PreparedFile, to_input
 from stages.models import CONFIG, WEIGHTS
 from stages.models.nets import Standardize
-from stages.settings import RuntimeConfig
-from stages.stream import PreparedFile, to_input
 from tests.support import project_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +93,7 @@ def test_make_check_refuses_cuda_where_there_is_none(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the refusal is for one without it")
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    proc = subprocess.run([sys.executable, "-m", "stages.config", "check", "runtime.device=cuda"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "stages.core.config", "check", "runtime.device=cuda"], cwd=tmp_path,
                           env={**project_env(), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "runtime.device=cuda" in proc.stderr
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from stages import dag, registry
-from stages.config import check_upstream, defaults
+from stages import dag
+from stages.core import registry
+from stages.core.config import check_upstream, defaults
+from stages.core.schema import ConfigError
 from stages.models.dfr import Embedded, fit_dfr, halves
-from stages.schema import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOISE = 8  # irrelevant embedding dimensions

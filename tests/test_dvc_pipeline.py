@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from pipeline.workspace import copy_project
-from stages import artifacts
-from stages.io import read_json, read_parquet
+from stages.core import artifacts
+from stages.core.io import read_json, read_parquet
 from tests.support import project_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def repo(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("repo")
     copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
-    sh(sys.executable, "-m", "stages.config", "compose", "experiment=tiny", cwd=dest)
+    sh(sys.executable, "-m", "stages.core.config", "compose", "experiment=tiny", cwd=dest)
     sh("git", "add", "-A", cwd=dest)
     sh("git", "commit", "-qm", "init", cwd=dest)
     proc = sh("dvc", "repro", cwd=dest)
@@ -108,13 +108,13 @@ def test_dvc_metrics_and_plots_show(repo):
 
 
 def test_every_metric_recomputes_from_its_predictions_and_inspect_explains_every_file(repo):
-    """Walk the run's artifacts: each metrics JSON is what stages.metrics gives on its predictions file."""
+    """Walk the run's artifacts: each metrics JSON is what stages.evaluation.metrics gives on its predictions file."""
     import numpy as np
 
     from pipeline import inspect
-    from stages.io import fixed_list_to_numpy, fixed_precision
-    from stages.metrics import group_proportions, split_metrics
-    from stages.shift import reweighted_curve, shift_axis
+    from stages.core.io import fixed_list_to_numpy, fixed_precision
+    from stages.evaluation.metrics import group_proportions, split_metrics
+    from stages.evaluation.shift import reweighted_curve, shift_axis
 
     files = sorted((repo / "data" / "metrics").rglob("seed=*.json"))
     assert files
@@ -176,7 +176,7 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(repo):
     expected = {f"{stage}@{ds}-diffusion-0" for stage in ("train", "evaluate") for ds in DATASETS} | {"report"}
     assert stale == expected, stale
 
-    shared = repo / "stages/runtime.py"
+    shared = repo / "stages/core/runtime.py"
     original = shared.read_text()
     shared.write_text(original + "\n# edited\n")
     try:
@@ -188,9 +188,9 @@ def test_editing_code_makes_stale_exactly_the_stages_that_run_it(repo):
     # every stale stage imports it (its entrypoint, or its kind's module through the registry)
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     for name in stale:
-        assert "stages/runtime.py" in {d["path"] for d in lock[name]["deps"]}, (name, entry[name])
+        assert "stages/core/runtime.py" in {d["path"] for d in lock[name]["deps"]}, (name, entry[name])
     for name, st in lock.items():
-        if "stages/runtime.py" in {d["path"] for d in st.get("deps", [])}:
+        if "stages/core/runtime.py" in {d["path"] for d in st.get("deps", [])}:
             assert name in stale, name
     assert not stale_stages(repo)
 

@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stages import evaluate, provenance, report
-from stages.artifacts import (
+from stages import evaluate, report
+from stages.core import provenance
+from stages.core.artifacts import (
     LEADERBOARD_SCHEMA,
     SPLITS,
     Prepared,
@@ -24,7 +25,7 @@ from stages.artifacts import (
     prepared_path,
     prepared_schema,
 )
-from stages.io import (
+from stages.core.io import (
     ArtifactError,
     fixed_list_to_numpy,
     numpy_to_fixed_list,
@@ -35,6 +36,8 @@ from stages.io import (
     write_json,
     write_parquet,
 )
+from stages.evaluation import comparison
+from stages.reporting import render
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = {
@@ -214,7 +217,7 @@ def test_evaluate_run_with_a_stand_in_model(
     fake.load_model = lambda path, expect=None: StandIn()  # type: ignore[attr-defined]
     fake.WEIGHTS = "model.safetensors"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "stages.models", fake)
-    monkeypatch.setattr("stages.runtime.setup_torch", lambda seed: None)  # no torch import needed
+    monkeypatch.setattr("stages.core.runtime.setup_torch", lambda seed: None)  # no torch import needed
 
     assert evaluate.main(["toy", "erm", "0", "evaluate.batch_size=7", "evaluate.ece_bins=5"]) == 0
     metrics = read_json(metrics_path("toy", "erm", 0))
@@ -312,7 +315,7 @@ RUNS = [(d, m, s) for d in ("gauss", "digits") for m in ("erm", "lda") for s in 
 
 
 def test_build_report() -> None:
-    built = report.build_report([fake_metrics(*r) for r in RUNS])
+    built = render.build_report([fake_metrics(*r) for r in RUNS])
     table, markdown, summary, plots = built.leaderboard, built.markdown, built.summary, built.plots
 
     assert table.schema == LEADERBOARD_SCHEMA
@@ -356,26 +359,26 @@ def test_build_report() -> None:
     }
 
     # A single seed shows no ± and the leaderboard does not depend on input order.
-    single = report.build_report([fake_metrics("gauss", "erm", 0)]).markdown
+    single = render.build_report([fake_metrics("gauss", "erm", 0)]).markdown
     assert (
         "| erm | discriminative | val_avg | 0.950 | 0.600 |" in single
         and "±" not in single.split("## gauss")[1]
     )
-    shuffled = report.build_report([fake_metrics(*r) for r in reversed(RUNS)]).leaderboard
+    shuffled = render.build_report([fake_metrics(*r) for r in reversed(RUNS)]).leaderboard
     assert shuffled.equals(table)
 
 
 def test_report_effective_robustness_uses_a_named_reference_family_on_logit_axes() -> None:
-    from stages.config import defaults
-    from stages.metrics import robustness_baseline
+    from stages.core.config import defaults
+    from stages.evaluation.metrics import robustness_baseline
 
     runs = [fake_metrics("gauss", m, s) for m in ("erm", "lda") for s in (0, 1)]
     # Reference family erm + lda: 4 (model, seed) points, every model gets a number.
-    built = report.build_report(runs, boot=defaults("evaluate", "default", er_reference=["erm", "lda"]))
+    built = render.build_report(runs, boot=defaults("evaluate", "default", er_reference=["erm", "lda"]))
     base = robustness_baseline([0.95, 0.93, 0.90, 0.90], [0.60, 0.50, 0.85, 0.85])
     per_seed = [base.effective_robustness(i, o) for i, o in ((0.95, 0.60), (0.93, 0.50))]
     erm_row = next(r for r in built.markdown.splitlines() if r.startswith("| erm"))
-    col = report.HEADER.index("eff. robustness")
+    col = render.HEADER.index("eff. robustness")
     mean = sum(per_seed) / 2
     assert erm_row.split(" | ")[col].startswith(f"{mean:+.3f} ± ")
     assert built.summary["gauss"]["erm"]["effective_robustness"] == pytest.approx(mean)
@@ -387,7 +390,7 @@ def test_report_effective_robustness_uses_a_named_reference_family_on_logit_axes
 
     # The default family (erm, probe, finetune) has only erm's 2 points here: n/a, with the reason
     # and the absent models named, in markdown and HTML alike; no number anywhere.
-    built = report.build_report(runs, boot=defaults("evaluate", "default"))
+    built = render.build_report(runs, boot=defaults("evaluate", "default"))
     erm_row = next(r for r in built.markdown.splitlines() if r.startswith("| erm"))
     assert erm_row.split(" | ")[col] == "n/a"
     note = next(r for r in built.markdown.splitlines() if r.startswith("**eff. robustness**"))
@@ -409,16 +412,16 @@ def test_report_rejects_an_er_reference_that_is_no_model(
 
 
 def test_report_names_model_types() -> None:
-    assert report.model_type({"kind": "lda"}) == "generative"
-    assert report.model_type({"kind": "diffusion"}) == "generative"
+    assert comparison.model_type({"kind": "lda"}) == "generative"
+    assert comparison.model_type({"kind": "diffusion"}) == "generative"
     assert (
-        report.model_type({"kind": "groupdro", "selection": "val_worst_group"}) == "discriminative"
+        comparison.model_type({"kind": "groupdro", "selection": "val_worst_group"}) == "discriminative"
     )
     assert (
-        report.model_type({"kind": "distill", "teacher": "lda"})
+        comparison.model_type({"kind": "distill", "teacher": "lda"})
         == "discriminative (student of lda)"
     )
-    assert report.model_type({}) == "?"
+    assert comparison.model_type({}) == "?"
 
 
 def _run_params(tmp_path: Path) -> Path:
@@ -479,8 +482,8 @@ def test_report_run_writes_deterministic_outputs(
 
 def write_fake_prepared_regimes() -> None:
     """Prepared files whose metadata the report reads: gauss states its regime, digits predates it."""
-    from stages.artifacts import prepared_path
-    from stages.io import write_parquet
+    from stages.core.artifacts import prepared_path
+    from stages.core.io import write_parquet
 
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     table = pa.table({"id": pa.array([0], pa.int64())}, schema=schema)

@@ -165,7 +165,7 @@ def repo(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("repo")
     copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
-    sh(sys.executable, "-m", "stages.config", "compose", *SMOKE, cwd=dest)
+    sh(sys.executable, "-m", "stages.core.config", "compose", *SMOKE, cwd=dest)
     sh("git", "add", "-A", cwd=dest)
     sh("git", "commit", "-qm", "init", cwd=dest)
     return dest
@@ -193,7 +193,7 @@ def at_baseline(repo: Path) -> None:
     """Back to the plain tiny config, everything up to date (whatever ran before)."""
     from pipeline.flows import pipeline
 
-    sh(sys.executable, "-m", "stages.config", "compose", *SMOKE, cwd=repo)
+    sh(sys.executable, "-m", "stages.core.config", "compose", *SMOKE, cwd=repo)
     state = pipeline(root=str(repo), return_state=True)
     assert state.is_completed(), state.message
 

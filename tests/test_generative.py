@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from stages import evaluate, train
-from stages.artifacts import Prepared, model_dir, predictions_path, read_prepared
-from stages.config import ConfigError, defaults, load_params, method_config
-from stages.io import read_json
+from stages.core.artifacts import Prepared, model_dir, predictions_path, read_prepared
+from stages.core.config import ConfigError, defaults, load_params, method_config
+from stages.core.io import read_json
+from stages.core.runtime import setup_torch
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
 from stages.models.autoregressive import (
     AutoregressiveClassifier,
@@ -22,7 +23,6 @@ from stages.models.autoregressive import (
 )
 from stages.models.diffusion import DiffusionClassifier, draw_noise, stratum_order, train_diffusion
 from stages.models.qda import fit_qda
-from stages.runtime import setup_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,8 +85,8 @@ def test_conv_diffusion_stopped_mid_training_resumes_to_the_uninterrupted_result
     """SIGTERM after epoch 2 (unscored: eval_every=3) writes a checkpoint of channels-last conv
     weights, their AdamW state and the generator the loss draws t, ε and class dropout from;
     the re-run resumes from it and ends with the weights and history of a run never stopped."""
-    from stages.checkpoint import Checkpointer
-    from stages.io import StageInterrupted
+    from stages.core.checkpoint import Checkpointer
+    from stages.core.io import StageInterrupted
 
     monkeypatch.chdir(tmp_path)
     prepared = blobs(n_classes=2, n=100, dim=12, sep=4.0, seed=2)
@@ -152,8 +152,8 @@ def test_autoregressive_takes_text_through_the_byte_tokenizer():
 def test_autoregressive_learns_shortcut_text_from_bytes_and_round_trips(tmp_path):
     """input=auto on a text dataset: the byte-level model trains and scores on `text`; the saved
     model records tokenizer and max_len, and declares input == "text" for evaluate."""
-    from stages import io
-    from stages.artifacts import prepared_schema_for
+    from stages.core import io
+    from stages.core.artifacts import prepared_schema_for
     from stages.prepare import prepare
 
     table, meta = prepare("shortcut_text", defaults("dataset", "shortcut_text", n_train=800, n_val=60, n_test_id=100, n_test_ood=60))
@@ -343,7 +343,6 @@ def test_pruning_more_classes_than_the_data_has_fails_before_training(tmp_path, 
     monkeypatch.chdir(tmp_path)
     params = ["--params", str(ROOT / "params.yaml")]
     from stages import prepare
-
     small = [f"dataset.gaussian_shortcut.{k}=200" for k in ("n_train", "n_val", "n_test_id", "n_test_ood")]
     assert prepare.main(["gaussian_shortcut", *small, *params]) == 0
     capsys.readouterr()
@@ -360,7 +359,6 @@ def test_train_and_evaluate_stages_run_the_generative_methods(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     params = ["--params", str(ROOT / "params.yaml")]
     from stages import prepare
-
     small = [f"dataset.gaussian_shortcut.{k}=200" for k in ("n_train", "n_val", "n_test_id", "n_test_ood")]
     assert prepare.main(["gaussian_shortcut", *small, *params]) == 0
     tiny = {
@@ -390,7 +388,6 @@ def test_stages_train_evaluate_and_distill_a_byte_level_autoregressive_model(tmp
     monkeypatch.chdir(tmp_path)
     params = ["--params", str(ROOT / "params.yaml")]
     from stages import distill, prepare
-
     small = [f"dataset.shortcut_text.{k}={n}" for k, n in (("n_train", 200), ("n_val", 60), ("n_test_id", 60), ("n_test_ood", 60))]
     assert prepare.main(["shortcut_text", *small, *params]) == 0
     tiny = ["method.autoregressive.epochs=2", "method.autoregressive.eval_every=2", "method.autoregressive.batch_size=64",

@@ -14,10 +14,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stages import evaluate, io, prepare, train
-from stages.artifacts import SPLITS, Prepared, model_dir, prepared_schema_for, read_prepared
-from stages.config import ConfigError, defaults
-from stages.io import ArtifactError, read_json
+from stages import evaluate, prepare, train
+from stages.core import io
+from stages.core.artifacts import SPLITS, Prepared, model_dir, prepared_schema_for, read_prepared
+from stages.core.config import ConfigError, defaults
+from stages.core.io import ArtifactError, read_json
+from stages.core.provenance import file_sha256
+from stages.core.text import build_vocab
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
 from stages.models.autoregressive import (
     AutoregressiveClassifier,
@@ -26,8 +29,6 @@ from stages.models.autoregressive import (
 )
 from stages.models.text import BertTextClassifier, read_bert_vocab
 from stages.models.text_erm import bert_classifier, train_text
-from stages.provenance import file_sha256
-from stages.text import build_vocab
 from tests.support import repro_project
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pipeline.workspace import copy_project
-from stages.checkpoint import Checkpointer
+from stages.core.checkpoint import Checkpointer
 from stages.models.training import FitOptions, NonFiniteLoss, SplitData, evaluate_splits, fit_loop
 from tests.support import project_env
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from pipeline import inspect
-from stages.artifacts import predictions_schema, prepared_schema
-from stages.io import numpy_to_fixed_list, write_json, write_parquet
+from stages.core.artifacts import predictions_schema, prepared_schema
+from stages.core.io import numpy_to_fixed_list, write_json, write_parquet
 
 
 def _md5(p: Path) -> str:
@@ -41,7 +41,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_json({"dataset": "toy", "test_ood_acc": 0.75, "splits": {}}, "data/metrics/toy/erm/seed=0.json")
     import torch
 
-    from stages.io import save_weights
+    from stages.core.io import save_weights
 
     save_weights({"w": torch.zeros(2, 3)}, "data/models/toy/erm/seed=0/model.safetensors", {"kind": "mlp", "in_dim": 3})
     lock = {

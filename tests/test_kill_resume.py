@@ -1,6 +1,6 @@
 """Kill a stage (SIGKILL) or stop it (SIGINT/SIGTERM) at a chosen point; the re-run ends byte-identical.
 
-Faults come from the test-only hook SHIFTLAB_FAULT (stages/io.py `fault_point`), so every
+Faults come from the test-only hook SHIFTLAB_FAULT (stages/core/io.py `fault_point`), so every
 kill lands at the same place each time: `kill_after_epoch:N` (training finished epoch N and
 wrote its checkpoint if one was due), `kill_before_rename:<file>` (an atomic write is
 complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTERM.
@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stages import checkpoint, evaluate, train
-from stages.artifacts import (
+from stages import evaluate, train
+from stages.core import checkpoint
+from stages.core.artifacts import (
     metrics_path,
     model_dir,
     plots_dir,
@@ -29,7 +30,7 @@ from stages.artifacts import (
     prepared_path,
     prepared_schema,
 )
-from stages.io import numpy_to_fixed_list, write_parquet
+from stages.core.io import numpy_to_fixed_list, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stages.artifacts import SPLITS, Prepared, predictions_schema
-from stages.evaluate import evaluate_predictions
-from stages.io import (
+from stages.core.artifacts import SPLITS, Prepared, predictions_schema
+from stages.core.io import (
     fixed_list_to_numpy,
     read_json,
     read_metadata,
@@ -22,7 +21,8 @@ from stages.io import (
     write_json,
     write_parquet,
 )
-from stages.metrics import log_softmax, softmax, split_metrics
+from stages.evaluate import evaluate_predictions
+from stages.evaluation.metrics import log_softmax, softmax, split_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 LN3 = math.log(3.0)
@@ -264,7 +264,7 @@ def test_single_class_split_and_logit_ties() -> None:
 
 
 def test_bootstrap_is_seeded_reproducible_and_covers_the_estimate() -> None:
-    from stages.metrics import bootstrap_ci
+    from stages.evaluation.metrics import bootstrap_ci
 
     rng = np.random.default_rng(0)
     g = rng.integers(0, 4, 300)
@@ -283,7 +283,7 @@ def test_bootstrap_is_seeded_reproducible_and_covers_the_estimate() -> None:
 
 
 def test_paired_bootstrap_separates_real_and_null_differences() -> None:
-    from stages.metrics import paired_bootstrap
+    from stages.evaluation.metrics import paired_bootstrap
 
     rng = np.random.default_rng(1)
     g = rng.integers(0, 2, 500)
@@ -300,7 +300,7 @@ def test_paired_bootstrap_separates_real_and_null_differences() -> None:
 
 
 def test_stratified_bootstrap_keeps_every_group_and_its_size() -> None:
-    from stages.metrics import bootstrap_indices
+    from stages.evaluation.metrics import bootstrap_indices
 
     rng = np.random.default_rng(3)
     g = rng.permutation(np.repeat([0, 1, 2, 3], [2, 150, 90, 7]))
@@ -319,7 +319,7 @@ def test_stratified_bootstrap_keeps_every_group_and_its_size() -> None:
 
 
 def test_worst_group_interval_never_loses_a_tiny_group() -> None:
-    from stages.metrics import bootstrap_ci, paired_bootstrap
+    from stages.evaluation.metrics import bootstrap_ci, paired_bootstrap
 
     # Two big groups the model gets mostly right and a tiny group of 2 it gets wrong. An
     # unstratified resample misses the tiny group with probability (1 − 2/n)^n ≈ e^-2 ≈ 14%,
@@ -339,7 +339,7 @@ def test_worst_group_interval_never_loses_a_tiny_group() -> None:
 
 
 def test_effective_robustness_on_a_logit_line() -> None:
-    from stages.metrics import (
+    from stages.evaluation.metrics import (
         MIN_REFERENCE_POINTS,
         logit,
         logit_fit,

@@ -11,10 +11,11 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal, norm
 
-from stages.config import defaults
+from stages.core.config import defaults
+from stages.core.io import ArtifactError, load_weights, save_weights
+from stages.core.runtime import setup_torch
 from stages.datasets import colored_digits
 from stages.datasets import gaussian_shortcut as gaussian_shortcut_data
-from stages.io import ArtifactError, load_weights, save_weights
 from stages.models import (
     CONFIG,
     HISTORY,
@@ -36,7 +37,6 @@ from stages.models.training import (
     distillation_loss,
     fit_classifier,
 )
-from stages.runtime import setup_torch
 
 # ---- data built in the tests -------------------------------------------------------------
 

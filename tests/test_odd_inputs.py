@@ -32,8 +32,8 @@ import pyarrow as pa
 import pytest
 
 from stages import distill, evaluate, pretrain, train
-from stages.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
-from stages.io import numpy_to_fixed_list, write_parquet
+from stages.core.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
+from stages.core.io import numpy_to_fixed_list, write_parquet
 from tests.support import project_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,7 +247,7 @@ WB_ARGS = ["waterbirds", f"dataset.waterbirds.resolution={RES}", "dataset.waterb
 
 def test_a_waterbirds_folder_of_16_bit_pngs_prepares_to_the_right_pixels(tmp_path, monkeypatch):
     from stages import prepare
-    from stages.artifacts import read_prepared
+    from stages.core.artifacts import read_prepared
 
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     monkeypatch.chdir(tmp_path)
@@ -354,8 +354,7 @@ def test_inspect_of_a_folder_skips_fifos_and_loops_inside_it(tmp_path):
 @pytest.mark.parametrize(("value", "shown"), [("nan", "nan"), (".nan", "nan"), ("NaN", "nan"), ("inf", "inf"),
                                               ("-inf", "-inf"), ("1e999", "inf"), ("-0.001", "-0.001"), ("0", "0.0")])
 def test_a_learning_rate_that_is_not_a_finite_positive_number_has_one_wording(value, shown, monkeypatch, capsys, tmp_path):
-    from stages import config
-
+    from stages.core import config
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "params.yaml", "params.yaml")
     assert config.main(["check", f"method.erm.lr={value}"]) == 2
@@ -369,7 +368,7 @@ def test_a_learning_rate_that_is_not_a_finite_positive_number_has_one_wording(va
 def test_nan_through_composition_and_a_hand_run_stage_reads_the_same(tmp_path):
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
     shutil.copytree(REPO / "conf", tmp_path / "conf")
-    compose = subprocess.run([sys.executable, "-m", "stages.config", "compose", "method.erm.lr=nan"], cwd=tmp_path, env=env(),
+    compose = subprocess.run([sys.executable, "-m", "stages.core.config", "compose", "method.erm.lr=nan"], cwd=tmp_path, env=env(),
                              text=True, capture_output=True, timeout=300)
     assert compose.returncode == 2
     assert "method.erm.lr: must be a finite number > 0, got nan" in one_line(compose.stderr)
@@ -384,8 +383,8 @@ def float_keys() -> list[tuple[str, str, type, bool]]:
     """(section, key, the section's schema, is a list) of every float key of every section of params.yaml."""
     from omegaconf import OmegaConf
 
-    from stages import registry
-    from stages.config import STAGE_SECTIONS, load_params
+    from stages.core import registry
+    from stages.core.config import STAGE_SECTIONS, load_params
 
     params = load_params(REPO / "params.yaml")
     sections = list(STAGE_SECTIONS.items())
@@ -402,8 +401,8 @@ def float_keys() -> list[tuple[str, str, type, bool]]:
 def test_no_float_key_of_any_schema_accepts_nan_or_inf():
     from omegaconf import OmegaConf
 
-    from stages.config import load_params, validate
-    from stages.schema import ConfigError
+    from stages.core.config import load_params, validate
+    from stages.core.schema import ConfigError
 
     params = load_params(REPO / "params.yaml")
     keys = float_keys()
@@ -417,7 +416,7 @@ def test_no_float_key_of_any_schema_accepts_nan_or_inf():
             line = one_line(str(e.value))
             assert line.startswith(f"params.yaml: {name}.{key}: ") and str(v).lstrip("-") in line, line
     # and a float list inside a list of sections (the phase diagram's panels)
-    from stages.settings import PhaseConfig
+    from stages.core.settings import PhaseConfig
 
     node = OmegaConf.create(OmegaConf.to_container(OmegaConf.select(params, "phase")))
     node["panels"] = [{"x": "sigma", "x_values": [1.0, math.inf], "y": "rho_train", "y_values": [0.5]}]
@@ -426,7 +425,7 @@ def test_no_float_key_of_any_schema_accepts_nan_or_inf():
 
 
 def test_a_check_that_bounds_one_side_only_still_refuses_inf():
-    from stages.schema import Checks, check
+    from stages.core.schema import Checks, check
 
     @dataclasses.dataclass
     class Knobs:

@@ -1,6 +1,6 @@
 """Issue 17, item 5: every refusal a user can cause from a command line is one line, exit 2.
 
-Each case runs the real command (`python -m stages.<stage> ...`, `stages.config`,
+Each case runs the real command (`python -m stages.<stage> ...`, `stages.core.config`,
 `pipeline.inspect`, `pipeline.sweep`) as a subprocess in its own copy of a small workspace
 (params.yaml, conf/, a prepared file), and asserts: exit code 2, stderr exactly one non-empty
 line starting `<command>: error: ` and naming the offending thing, nothing on stdout, no
@@ -69,8 +69,8 @@ CASES = [
     Case("seed-too-large", "stages.train", (DS, "erm", "99999999999999999999"), ("seed 99999999999999999999", SEED_RANGE)),
     Case("seed-negative", "stages.evaluate", (DS, "erm", "-1"), ("seed -1", SEED_RANGE)),
     Case("seed-not-an-integer-evaluate", "stages.evaluate", (DS, "erm", "zero"), ("seed", "'zero'")),
-    Case("seed-out-of-range-in-params", "stages.config", ("check", "run.seeds=[0,-1]"), ("run.seeds", "seed -1", SEED_RANGE)),
-    Case("seed-out-of-range-composed", "stages.config", ("compose", "run.seeds=[4294967296]"),
+    Case("seed-out-of-range-in-params", "stages.core.config", ("check", "run.seeds=[0,-1]"), ("run.seeds", "seed -1", SEED_RANGE)),
+    Case("seed-out-of-range-composed", "stages.core.config", ("compose", "run.seeds=[4294967296]"),
          ("run.seeds", "seed 4294967296", SEED_RANGE, "params.yaml is not written")),
     Case("dataset-seed-negative", "stages.prepare", (DS, f"dataset.{DS}.seed=-1"), (f"dataset.{DS}.seed", "seed -1", SEED_RANGE)),
     # outputs that cannot be written: refused before any work
@@ -81,7 +81,7 @@ CASES = [
     Case("output-file-is-a-folder", "stages.prepare", (DS, *SMALL), (f"data/prepared/{DS}.parquet", "a folder is where"),
          lambda root: (root / "data/prepared" / f"{DS}.parquet").unlink() or folder_at(f"data/prepared/{DS}.parquet")(root)),
     Case("validate-output-parent-is-a-file", "stages.validate", (DS,), ("data/validated", "a file is where"), file_at("data/validated")),
-    Case("compose-output-is-a-folder", "stages.config", ("compose", "--params", "conf"), ("conf", "a folder is where")),
+    Case("compose-output-is-a-folder", "stages.core.config", ("compose", "--params", "conf"), ("conf", "a folder is where")),
     # allocations that cannot succeed
     # (petabytes: beyond any address space, so no overcommit setting lets them succeed)
     Case("allocation-too-large-train", "stages.train", (DS, "erm", "0", "method.erm.hidden=[100000000000000]"),
@@ -97,7 +97,7 @@ CASES = [
     Case("dataset-name-with-a-path", "stages.train", ("../prepared/gaussian_shortcut", "erm", "0"),
          ("dataset '../prepared/gaussian_shortcut'", "is not a name")),
     Case("params-is-a-folder", "stages.train", (DS, "erm", "0", "--params", "conf"), ("conf", "is a folder")),
-    Case("config-unknown-command", "stages.config", ("nope",), ("invalid choice: 'nope'", "check", "compose")),
+    Case("config-unknown-command", "stages.core.config", ("nope",), ("invalid choice: 'nope'", "check", "compose")),
     Case("inspect-rows-not-a-number", "pipeline.inspect", ("data", "--rows", "x"), ("--rows", "'x'")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
 ]
@@ -114,7 +114,6 @@ def base(tmp_path_factory) -> Path:
     from omegaconf import OmegaConf
 
     from stages import prepare
-
     root = tmp_path_factory.mktemp("one-line")
     params = OmegaConf.load(REPO / "params.yaml")
     for override in SMALL:
@@ -200,8 +199,8 @@ def test_a_read_only_output_folder_stops_train_before_any_work(base, tmp_path, m
     """A read-only folder (EROFS / EACCES; root ignores chmod, so the OS error is simulated)."""
     import tempfile
 
-    from stages import io, train
-
+    from stages import train
+    from stages.core import io
     shutil.copytree(base, tmp_path / "w")
     monkeypatch.chdir(tmp_path / "w")
     real = tempfile.mkstemp
@@ -222,7 +221,6 @@ def test_a_read_only_output_folder_stops_train_before_any_work(base, tmp_path, m
 
 def test_disk_full_during_a_stage_is_one_line(base, tmp_path, monkeypatch, capsys):
     from stages import validate
-
     shutil.copytree(base, tmp_path / "w")
     monkeypatch.chdir(tmp_path / "w")
 
@@ -236,8 +234,8 @@ def test_disk_full_during_a_stage_is_one_line(base, tmp_path, monkeypatch, capsy
 
 
 def test_seeds_at_the_ends_of_the_range_are_accepted():
-    from stages.cli import parse_seed
-    from stages.schema import SEED_MAX, ConfigError, seed_problem
+    from stages.core.cli import parse_seed
+    from stages.core.schema import SEED_MAX, ConfigError, seed_problem
 
     assert parse_seed("0") == 0 and parse_seed(str(SEED_MAX)) == SEED_MAX == 2**32 - 1
     for bad in (str(SEED_MAX + 1), "-1", "1_0", "0x10", "1e3", ""):

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stages import artifacts, io, registry
-from stages.artifacts import SPLITS
-from stages.config import defaults
+from stages.core import artifacts, io, registry
+from stages.core.artifacts import SPLITS
+from stages.core.config import defaults
 from stages.datasets import agreement_counts, colored_digits, gaussian_shortcut
 from stages.prepare import main, prepare
 

@@ -1,4 +1,4 @@
-"""Provenance (stages/provenance.py): every artifact records what made it, every reader checks it.
+"""Provenance (stages/core/provenance.py): every artifact records what made it, every reader checks it.
 
 A model copied into another method's, seed's or dataset's folder, or trained on another version
 of the prepared file, is refused in one line naming both; the records are where the docs say,
@@ -13,18 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from stages import distill, evaluate, pretrain, provenance, report, train
-from stages.artifacts import (
+from stages import distill, evaluate, pretrain, train
+from stages.core import provenance
+from stages.core.artifacts import (
     metrics_path,
     model_dir,
     predictions_path,
     prepared_path,
     pretrained_dir,
 )
-from stages.config import load_params, section
-from stages.io import ArtifactError, read_json, read_metadata, read_weights_meta, write_json
+from stages.core.config import load_params, section
+from stages.core.io import ArtifactError, read_json, read_metadata, read_weights_meta, write_json
+from stages.core.settings import EvaluateConfig
+from stages.evaluation import comparison
 from stages.models import CONFIG, EMBEDDINGS, ENCODER, HISTORY, WEIGHTS
-from stages.settings import EvaluateConfig
 from tests.test_train import DS, REPO, write_prepared
 
 FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]", "method.groupdro.epochs=2", "method.groupdro.hidden=[8]"]
@@ -207,15 +209,15 @@ def test_the_report_refuses_predictions_and_metrics_whose_provenance_disagrees_w
     ours.parent.mkdir(parents=True)
     shutil.copy(predictions_path(DS, "erm", 0), ours)
     with pytest.raises(ArtifactError) as e:
-        report.load_run_data(DS, "groupdro", 0, 2)
+        comparison.load_run_data(DS, "groupdro", 0, 2)
     assert str(e.value) == f"{ours} was evaluated with model 'erm' (kind erm), not 'groupdro'; re-run `dvc repro evaluate@{DS}-groupdro-0`"
-    report.load_run_data(DS, "erm", 0, 2)  # its own file is fine
+    comparison.load_run_data(DS, "erm", 0, 2)  # its own file is fine
 
     m = read_json(metrics_path(DS, "erm", 0))
-    report.check_metrics(m, "m.json", DS, "erm", 0)
+    comparison.check_metrics(m, "m.json", DS, "erm", 0)
     with pytest.raises(ArtifactError, match=r"m\.json was evaluated with seed 0, not 1"):
-        report.check_metrics({**m, "seed": 1}, "m.json", DS, "erm", 1)
+        comparison.check_metrics({**m, "seed": 1}, "m.json", DS, "erm", 1)
     del m["provenance"]
     write_json(m, "m.json")
     with pytest.raises(ArtifactError, match=r"m\.json has no provenance record"):
-        report.check_metrics(m, "m.json", DS, "erm", 0)
+        comparison.check_metrics(m, "m.json", DS, "erm", 0)

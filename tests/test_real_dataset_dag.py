@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save_file
 
 from pipeline.workspace import copy_project
-from stages import artifacts
-from stages.artifacts import SPLITS
-from stages.io import read_json, read_parquet
+from stages.core import artifacts
+from stages.core.artifacts import SPLITS
+from stages.core.io import read_json, read_parquet
 from tests.support import project_env
 from tests.test_real_datasets import make_waterbirds
 

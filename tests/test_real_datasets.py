@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from stages import artifacts, io
-from stages.artifacts import SPLITS
+from stages.core import artifacts, io
+from stages.core.artifacts import SPLITS
 from stages.datasets import camelyon17, celeba, waterbirds
 from stages.prepare import main as prepare_main
 from stages.validate import build_checks, meta_params, rows_frame, split_stats_frame
@@ -169,7 +169,7 @@ def _contract(dataset: str) -> artifacts.Prepared:
     assert p.meta["dataset"] == dataset and p.meta["kind"] == dataset
     # the regime, estimated as the rows streamed past, is the in-memory estimate on the train
     # rows (images area-averaged to 3×8×8; a fixture's groups are far below the sampling cap)
-    from stages.regime import estimate_separation, pool_pixels
+    from stages.evaluation.regime import estimate_separation, pool_pixels
 
     train = p.subset("train")
     features = pool_pixels(train.x, p.shape[-1]) if p.meta.get("layout") == "CHW" else train.x
@@ -435,8 +435,8 @@ def test_published_counts_are_checked_when_the_release_is_complete(
 
 
 def _validate_cfg():  # noqa: ANN202
-    from stages.config import load_params, section
-    from stages.settings import ValidateConfig
+    from stages.core.config import load_params, section
+    from stages.core.settings import ValidateConfig
 
     return section(load_params(), "validate", ValidateConfig)  # the workdir's params.yaml
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from stages import config, registry
+from stages.core import config, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_RECIPES = {"waterbirds": 2, "celeba": 2, "camelyon17": 2}  # recipe -> classes

@@ -1,5 +1,5 @@
 """The regime of a dataset: its separation metadata, the estimator, the regime knobs and the
-paper_regime recipe (stages/regime.py, docs/datasets.md "Separation")."""
+paper_regime recipe (stages/evaluation/regime.py, docs/datasets.md "Separation")."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from stages import regime
-from stages.config import defaults
+from stages.core.config import defaults
 from stages.datasets import colored_digits, gaussian_shortcut
+from stages.evaluation import regime
 from stages.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from stages import registry
-from stages.config import CONF, STAGE_SECTIONS, ConfigError, defaults, load_params
-from stages.settings import RunConfig
+from stages.core import registry
+from stages.core.config import CONF, STAGE_SECTIONS, ConfigError, defaults, load_params
+from stages.core.settings import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # The stage entrypoints: run by DVC's command lines, imported by nobody in stages/ or pipeline/.
 ENTRYPOINTS = {f"stages.{n}" for n in ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "report", "phase")}
 # A word that names a kind and, independently, something else. The shift curve's
-# "reweight" route (reweighting the test examples, stages/shift.py) is written into the
+# "reweight" route (reweighting the test examples, stages/evaluation/shift.py) is written into the
 # plot data, so renaming it would change every evaluate output.
-HOMONYMS = {"reweight": {"stages/shift.py"}}
+HOMONYMS = {"reweight": {"stages/evaluation/shift.py"}}
 
 
 def grep_files(word: str) -> set[str]:
@@ -48,7 +48,7 @@ def test_a_dataset_kind_is_named_in_its_own_module_only(kind):
 
 def test_lookup_imports_only_the_kind_asked_for():
     code = (
-        "import sys; from stages import registry; registry.method('erm'); registry.dataset('colored_digits');"
+        "import sys; from stages.core import registry; registry.method('erm'); registry.dataset('colored_digits');"
         "print(sorted(m for m in sys.modules if m.startswith(('stages.models.', 'stages.datasets.'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -178,10 +178,10 @@ def test_no_import_circles():
 
 
 def test_the_student_suffix_is_one_value_everywhere():
-    """Written once in stages/settings.py; the two modules that may import nothing of the
+    """Written once in stages/core/settings.py; the two modules that may import nothing of the
     project (DVC's Hydra plugin, stages/dag.py) and dvc.yaml's distill outs spell it too."""
     import hydra_plugins.shiftlab as plugin
-    from stages import dag, settings
-
+    from stages import dag
+    from stages.core import settings
     assert plugin.STUDENT_SUFFIX == dag.STUDENT_SUFFIX == settings.STUDENT_SUFFIX
     assert f"${{item.teacher}}{settings.STUDENT_SUFFIX}/seed=" in (ROOT / "dvc.yaml").read_text()

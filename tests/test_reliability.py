@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from stages.io import sweep_stale_temps, write_parquet
+from stages.core.io import sweep_stale_temps, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -144,7 +144,7 @@ def test_temps_of_dead_writers_are_swept_and_those_of_live_ones_kept(tmp_path):
 
 def test_atomic_outputs_get_ordinary_file_permissions(tmp_path):
     """A temp file from mkstemp is 0600; the renamed output must be what a plain write gives."""
-    from stages.io import write_json
+    from stages.core.io import write_json
 
     plain = tmp_path / "plain.txt"
     plain.write_text("x")

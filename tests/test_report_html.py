@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages import evaluate, report
-from stages.artifacts import Prepared
-from stages.config import defaults
+from stages import evaluate
+from stages.core.artifacts import Prepared
+from stages.core.config import defaults
+from stages.evaluation import comparison
+from stages.reporting import render
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("chromium")]
 
@@ -90,7 +92,7 @@ def _runs() -> tuple[list[dict], dict]:
         table, m, plots = evaluate.evaluate_predictions(prepared, logits, 10, bootstrap_resamples=50)
         m.update(model=model, seed=0, model_config=info, cost={"parameters": 10 * (i + 1), "macs_per_example": 5.0 * (i + 1)})
         metrics.append(m)
-        data[("toy", model, 0)] = report.RunData(prepared.split, prepared.y, prepared.a, prepared.g, logits,
+        data[("toy", model, 0)] = comparison.RunData(prepared.split, prepared.y, prepared.a, prepared.g, logits,
                                                   regenerate=[])
     return metrics, data
 
@@ -105,7 +107,7 @@ PHASE = [
 @pytest.fixture(scope="module")
 def html_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     metrics, data = _runs()
-    built = report.build_report(metrics, data, PHASE, defaults("evaluate", "default", bootstrap_resamples=50))
+    built = render.build_report(metrics, data, PHASE, defaults("evaluate", "default", bootstrap_resamples=50))
     path = tmp_path_factory.mktemp("report") / "report.html"
     path.write_text(built.html)
     return path

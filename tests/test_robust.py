@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from stages import prepare, pretrain, registry, train
-from stages.artifacts import (
+from stages import prepare, pretrain, train
+from stages.core import registry
+from stages.core.artifacts import (
     SPLITS,
     Prepared,
     embeddings_schema,
@@ -24,16 +25,25 @@ from stages.artifacts import (
     pretrained_dir,
     read_prepared,
 )
-from stages.config import defaults, load_params, method_config, section
+from stages.core.config import defaults, load_params, method_config, section
+from stages.core.io import (
+    numpy_to_fixed_list,
+    read_json,
+    read_metadata,
+    read_parquet,
+    write_parquet,
+)
+from stages.core.runtime import setup_torch
+from stages.core.schema import SELECTION_SPLIT
+from stages.core.settings import PretrainConfig, RunConfig
 from stages.datasets import colored_digits
-from stages.io import numpy_to_fixed_list, read_json, read_metadata, read_parquet, write_parquet
 from stages.models import CONFIG, EMBEDDINGS, WEIGHTS, load_model
 from stages.models.dfr import Embedded, balanced_subsample, fit_dfr, halves
+from stages.models.history import SELECTION_METRIC, selection_summary
 from stages.models.jtt import jtt_weights
 from stages.models.reweight import balanced_weights
-from stages.models.robust import logistic_regression, selection_summary, weighted_cross_entropy
+from stages.models.robust import logistic_regression, weighted_cross_entropy
 from stages.models.training import (
-    SELECTION_METRIC,
     FitOptions,
     SplitData,
     Trained,
@@ -41,9 +51,6 @@ from stages.models.training import (
     cross_entropy,
     fit_classifier,
 )
-from stages.runtime import setup_torch
-from stages.schema import SELECTION_SPLIT
-from stages.settings import PretrainConfig, RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"

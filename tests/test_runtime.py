@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from stages import runtime
+from stages.core import runtime
+from stages.core.runtime import progress, setup_torch
 from stages.models.mlp import MLPClassifier
 from stages.models.nets import MLPEncoder, Standardize
 from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
-from stages.runtime import progress, setup_torch
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -57,7 +57,7 @@ def project(tmp_path: Path) -> Path:
     copy_project(ROOT, repo)
     (repo / ".venv").symlink_to(Path(sys.executable).parents[1], target_is_directory=True)
     env = project_env()
-    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "stages.config", "compose", *TINY],
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "stages.core.config", "compose", *TINY],
                 ["git", "add", "-A"], ["git", "commit", "-qm", "serve test"]):
         subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
     return repo

@@ -1,4 +1,4 @@
-"""Shift curves (stages/shift.py): exact endpoints, the two routes agree, and the phase diagram smoke run."""
+"""Shift curves (stages/evaluation/shift.py): exact endpoints, the two routes agree, and the phase diagram smoke run."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages import evaluate, shift
-from stages.artifacts import Prepared
-from stages.config import compose, dataset_section, defaults, load_params, section
-from stages.io import read_json
-from stages.settings import PhaseConfig
+from stages import evaluate
+from stages.core.artifacts import Prepared
+from stages.core.config import compose, dataset_section, defaults, load_params, section
+from stages.core.io import read_json
+from stages.core.settings import PhaseConfig
+from stages.evaluation import shift
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +113,6 @@ def test_reweight_and_regenerate_routes_agree_on_gaussian_shortcut() -> None:
 def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two cells of the toy phase diagram, run as the real stage: each classifier wins one."""
     from stages import phase
-
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "params.yaml", "params.yaml")
     panel = "[{x: d_noise, x_values: [0, 2048], y: n_train, y_values: [100]}]"
@@ -155,8 +155,7 @@ def test_toy_phase_diagram_experiment_composes_and_validates(tmp_path: Path, mon
 def test_regenerate_route_is_the_registered_one_and_absent_kinds_get_none() -> None:
     """evaluate rebuilds the generator config from the file's params with its kind's schema;
     a kind without a regenerate route (or no kind) gets the reweight route only."""
-    from stages import registry
-
+    from stages.core import registry
     cfg = defaults("dataset", "gaussian_shortcut", n_train=200, n_val=100, n_test_id=100, n_test_ood=100)
     spec = registry.dataset(cfg.kind)
     assert spec.regenerate is not None and spec.schema(**dataclasses.asdict(cfg)) == cfg
@@ -181,8 +180,9 @@ def test_regenerate_route_is_the_registered_one_and_absent_kinds_get_none() -> N
 
 
 def test_phase_knobs_must_be_keys_of_the_base_kind() -> None:
-    from stages import phase, registry
-    from stages.schema import ConfigError
+    from stages import phase
+    from stages.core import registry
+    from stages.core.schema import ConfigError
 
     base = defaults("dataset", "gaussian_shortcut")
     assert phase.knob_types(base)["n_train"] is int and phase.knob_types(base)["sigma"] is float

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 
 # Two independent stages; each notes that it started, then waits for `release` and writes its
-# model folder from input.txt. On SIGINT it exits 130 as the project's stages do (stages/cli.py);
+# model folder from input.txt. On SIGINT it exits 130 as the project's stages do (stages/core/cli.py);
 # the one named in $STUBBORN ignores SIGINT and SIGTERM, so only SIGKILL stops it. block@a is
 # `python -m`, forked from a warm helper; block@b is not, so it runs in a shell.
 DVC_YAML = """

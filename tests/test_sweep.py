@@ -38,7 +38,7 @@ def repo(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("sweep-repo")
     copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
-    sh(sys.executable, "-m", "stages.config", "compose", *SMOKE, cwd=dest)
+    sh(sys.executable, "-m", "stages.core.config", "compose", *SMOKE, cwd=dest)
     # The stages every point shares run once here (the points find them in dvc.lock and the
     # cache), so each point only trains, evaluates and reports.
     sh("dvc", "repro", "pretrain@gaussian_shortcut", cwd=dest)
@@ -48,7 +48,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def read_sweep(repo: Path, name: str) -> list[dict[str, Any]]:
-    from stages.io import read_parquet
+    from stages.core.io import read_parquet
 
     return read_parquet(repo / "data/reports/sweeps" / f"{name}.parquet").to_pylist()
 

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from stages import distill, evaluate, io, prepare, registry, train
-from stages.artifacts import (
+from stages import distill, evaluate, prepare, train
+from stages.core import io, registry
+from stages.core.artifacts import (
     SPLITS,
     Prepared,
     metrics_path,
@@ -21,12 +22,12 @@ from stages.artifacts import (
     prepared_schema_for,
     read_prepared,
 )
-from stages.config import ConfigError, check_all, defaults, load_params
-from stages.io import ArtifactError, load_weights, read_json, save_weights
+from stages.core.config import ConfigError, check_all, defaults, load_params
+from stages.core.io import ArtifactError, load_weights, read_json, save_weights
+from stages.core.text import build_vocab
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
 from stages.models.text import TextClassifier
 from stages.models.text_erm import train_text
-from stages.text import build_vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ["--params", str(ROOT / "params.yaml")]
@@ -137,7 +138,7 @@ def test_train_evaluate_and_distill_stages_on_a_text_model(tmp_path: Path, monke
 
 def test_text_erm_on_a_dataset_without_text_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """Before any training (train stage), and already in `stages.config check` for a non-text dataset kind."""
+    """Before any training (train stage), and already in `stages.core.config check` for a non-text dataset kind."""
     monkeypatch.chdir(tmp_path)
     small = [f"dataset.gaussian_shortcut.{k}={n}" for k, n in (("n_train", 40), ("n_val", 20), ("n_test_id", 20), ("n_test_ood", 20))]
     assert prepare.main(["gaussian_shortcut", *small, *PARAMS]) == 0

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from stages import distill, pretrain, train
-from stages.artifacts import (
+from stages.core.artifacts import (
     HISTORY_SCHEMA,
     SPLITS,
     embeddings_schema,
@@ -19,7 +19,7 @@ from stages.artifacts import (
     prepared_schema,
     pretrained_dir,
 )
-from stages.io import (
+from stages.core.io import (
     load_weights,
     numpy_to_fixed_list,
     read_json,
@@ -193,7 +193,7 @@ def test_distilled_student_agrees_with_its_lda_teacher(workdir, capsys):
     assert config["teacher"] == "lda" and config["teacher_kind"] == "lda"
     assert len(read_parquet(folder / HISTORY).to_pylist()) == 15 * len(SPLITS)
 
-    from stages.artifacts import read_prepared
+    from stages.core.artifacts import read_prepared
 
     x = read_prepared(prepared_path(DS)).x
     teacher, student = load_model(model_dir(DS, "lda", 0)), load_model(folder)

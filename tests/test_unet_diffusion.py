@@ -13,12 +13,12 @@ import torch
 from safetensors.torch import save_file
 
 from stages import train
-from stages.artifacts import Prepared, metrics_path, model_dir
-from stages.config import ConfigError, defaults, load_params, method_config
-from stages.io import ArtifactError, read_json
+from stages.core.artifacts import Prepared, metrics_path, model_dir
+from stages.core.config import ConfigError, defaults, load_params, method_config
+from stages.core.io import ArtifactError, read_json
+from stages.core.runtime import setup_torch
 from stages.models import CONFIG, load_model, save_model
 from stages.models.diffusion import build_classifier, noise_schedule, train_diffusion
-from stages.runtime import setup_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two blocks of 8 and 16 channels, attention in the second (and so in the middle block).
@@ -172,7 +172,6 @@ def test_unet_on_vector_data_is_a_config_error_before_training(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     params = ["--params", str(ROOT / "params.yaml")]
     from stages import prepare
-
     small = [f"dataset.gaussian_shortcut.{k}=50" for k in ("n_train", "n_val", "n_test_id", "n_test_ood")]
     assert prepare.main(["gaussian_shortcut", *small, *params]) == 0
     capsys.readouterr()

@@ -14,16 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from stages import validate as stage
-from stages.artifacts import data_docs_dir, prepared_path, prepared_schema, validated_path
-from stages.config import defaults
-from stages.datasets.images import PIXEL_ENCODING
-from stages.io import (
+from stages.core.artifacts import data_docs_dir, prepared_path, prepared_schema, validated_path
+from stages.core.config import defaults
+from stages.core.io import (
     iter_parquet_batches,
     numpy_to_fixed_list,
     read_parquet,
     write_parquet,
     write_parquet_stream,
 )
+from stages.datasets.images import PIXEL_ENCODING
 
 DIM = 3
 PARAMS = "validate:\n  min_group_count: 3\n  rho_tolerance: 0.05\n  min_shift: 0.2\n"

@@ -7,13 +7,13 @@
   student of every teacher, so `run.models` is derived, never written by hand.
 - the resolver `${shiftlab.dag:${run},${dataset},${method},${phase}}`: params.yaml's `dag` section,
   the items of dvc.yaml's stages with the code each runs (stages/dag.py). It first validates
-  the whole composed config (`stages.config.check_composed`, every section against its
+  the whole composed config (`stages.core.config.check_composed`, every section against its
   schema): DVC's `compose_and_dump` resolves the config before it writes params.yaml, so a
   bad override (`dvc exp run -S method.erm.lr=abc`) stops `dvc exp run` there, with
   params.yaml as it was and no stage run, hence no output deleted.
 
 DVC runs Hydra in its own process, with the project not on sys.path: stages/dag.py (which
-imports nothing itself) is loaded by file, and the check imports `stages.config` with the
+imports nothing itself) is loaded by file, and the check imports `stages.core.config` with the
 project root put on sys.path for the import only.
 """
 
@@ -65,7 +65,7 @@ def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictC
 
 def check(config: DictConfig, root: Path) -> None:
     """Validate the composed `config` (all but `dag`, which is being resolved) with the project's
-    `stages.config.check_composed`; a ConfigError says what is wrong in one line.
+    `stages.core.config.check_composed`; a ConfigError says what is wrong in one line.
 
     In a Python without the project's dependencies (a DVC installed on its own) the check cannot
     run: it says so on stderr and lets composition go on (each stage still checks its section).
@@ -76,7 +76,7 @@ def check(config: DictConfig, root: Path) -> None:
     path = str(root)
     sys.path.insert(0, path)
     try:
-        config_module: Any = importlib.import_module("stages.config")
+        config_module: Any = importlib.import_module("stages.core.config")
     except (ImportError, SystemExit) as e:  # stages/__init__.py exits naming the packages it lacks
         print(f"shiftlab: cannot check the composed config in this Python ({e}); run DVC from the project's "
               f"virtualenv", file=sys.stderr)

@@ -1,8 +1,8 @@
 """Datasets: one module per `dataset.<name>.kind`, plus the sampling they share.
 
 Each module `stages/datasets/<kind>.py` declares its kind once, at the bottom, with
-`stages.registry.register_dataset` (schema, `generate` or `load`, capabilities);
-`stages.registry.dataset(kind)` imports just that module. Nothing here imports a dataset
+`stages.core.registry.register_dataset` (schema, `generate` or `load`, capabilities);
+`stages.core.registry.dataset(kind)` imports just that module. Nothing here imports a dataset
 module, and nothing under stages/datasets imports a stage entrypoint.
 
 A generated dataset's function is `generate(cfg) -> (columns, meta)`:
@@ -12,7 +12,7 @@ A generated dataset's function is `generate(cfg) -> (columns, meta)`:
 - `meta`: `kind`, `n_classes`, `n_attrs`, `shape`, `rho_train`, `rho_ood`, `params`,
   `split_sizes` (and `layout` for images), and `separation` where the generator knows it in
   closed form — `stages.prepare` adds the dataset name, the group column and, when the
-  generator gave none, `separation` estimated on the train rows (stages/regime.py), and
+  generator gave none, `separation` estimated on the train rows (stages/evaluation/regime.py), and
   writes the file.
 
 Generators draw only from `numpy.random.default_rng` seeded by `cfg.seed`, never from a
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from stages.artifacts import SPLITS
-from stages.schema import ConfigError
+from stages.core.artifacts import SPLITS
+from stages.core.schema import ConfigError
 
 Columns = dict[str, np.ndarray]
 Generated = tuple[Columns, dict[str, Any]]
@@ -124,7 +124,7 @@ def check_groups(
                     continue
                 what = f"split '{name}' has no example of group g={yy * n_attrs + aa} (y={yy}, a={aa})"
                 if source is not None:
-                    from stages.io import ArtifactError
+                    from stages.core.io import ArtifactError
 
                     raise ArtifactError(
                         f"{source}: {what} for dataset.{dataset}; the file looks edited or is not the whole "

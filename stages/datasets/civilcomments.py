@@ -13,7 +13,7 @@ WILDS' `id` column, each id must be unique (a comment listed twice could sit in 
                       same number of comments of every group -> test_ood (group-balanced)
 
 Rows carry the comment in `text` and, in `x`, log(1 + count) of the `vocab_size` most frequent
-train words (stages.text.bag_of_words).
+train words (stages.core.text.bag_of_words).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from stages import artifacts, regime
+from stages.core import artifacts
+from stages.core.io import ArtifactError, write_parquet_stream
+from stages.core.registry import register_dataset
+from stages.core.schema import Checks, option
 from stages.datasets import raw
-from stages.io import ArtifactError, write_parquet_stream
-from stages.registry import register_dataset
-from stages.schema import Checks, option
+from stages.evaluation import regime
 
 
 @dataclass
@@ -67,7 +68,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
     """Read the CSV, map splits and groups, featurise the text and write `out` in row groups."""
     import pyarrow as pa
 
-    from stages.text import bag_of_words, build_vocab
+    from stages.core.text import bag_of_words, build_vocab
 
     root = raw.require_dir(cfg.root, dataset, WHERE)
     csv = raw.require_file(root / FILE, dataset, WHERE)

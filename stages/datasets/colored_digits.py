@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stages.artifacts import SPLITS
+from stages.core.artifacts import SPLITS
+from stages.core.registry import register_dataset
+from stages.core.schema import Checks, option
 from stages.datasets import Generated, assign_attributes, assign_splits
-from stages.registry import register_dataset
-from stages.schema import Checks, option
 
 
 @dataclass

@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from stages.core.registry import register_dataset
+from stages.core.schema import Checks, option
 from stages.datasets import Generated, agreement_counts, attribute_from_agreement
-from stages.regime import closed_form
-from stages.registry import register_dataset
-from stages.schema import Checks, option
+from stages.evaluation.regime import closed_form
 
 
 @dataclass
@@ -101,7 +101,7 @@ def noise_std(cfg: GaussianShortcutConfig) -> float:
 
 
 def separation(cfg: GaussianShortcutConfig) -> dict[str, float]:
-    """The regime in closed form (stages/regime.py): Mahalanobis distance between the means of
+    """The regime in closed form (stages/evaluation/regime.py): Mahalanobis distance between the means of
     groups differing only in a (cue) or only in y (core), under the shared diagonal covariance.
 
     The cue's means differ by 2·spurious_scale in each of cue_dims independent dimensions of std

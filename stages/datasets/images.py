@@ -26,10 +26,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stages import artifacts, regime
+from stages.core import artifacts
+from stages.core.io import ArtifactError, write_parquet_stream
+from stages.core.schema import Checks
 from stages.datasets.raw import CHUNK_ROWS, DOCS, Plan, base_table, observed_stats, summary
-from stages.io import ArtifactError, write_parquet_stream
-from stages.schema import Checks
+from stages.evaluation import regime
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -175,7 +176,7 @@ def write_images(
     """
     import pyarrow as pa
 
-    from stages.runtime import progress
+    from stages.core.runtime import progress
 
     dataset = plan.meta["dataset"]
     files = plan.extra["file"]

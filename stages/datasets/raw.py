@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from stages.artifacts import SPLITS
+from stages.core.artifacts import SPLITS
+from stages.core.io import ArtifactError
 from stages.datasets import check_groups, round_half_up
-from stages.io import ArtifactError
 
 DOCS = "docs/datasets.md"
 # Rows are written in blocks of this many, whatever the number of workers, so the file's
@@ -341,7 +341,7 @@ def summary(path: Path, meta: Mapping[str, Any], n_rows: int) -> str:
     sizes = ", ".join(f"{s} {meta['split_sizes'][s]}" for s in SPLITS)
     skipped = f", {meta['n_skipped']} unreadable image(s) skipped" if meta.get("n_skipped") else ""
     n_groups = int(meta["n_classes"]) * int(meta["n_attrs"])
-    from stages.regime import describe
+    from stages.evaluation.regime import describe
 
     return (
         f"wrote {path}: {n_rows} rows ({sizes}), {n_groups} groups, x dim {int(np.prod(meta['shape']))}{skipped}; "

@@ -9,7 +9,7 @@ noise-free shortcut that a bag-of-words model finds more reliable than the conte
 (which a bag of words can only read up to the negation rate).
 
 Rows carry the sentence in `text` and, in `x`, log(1 + count) of the `vocab_size` most
-frequent train words (stages.text.bag_of_words).
+frequent train words (stages.core.text.bag_of_words).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stages.core.registry import register_dataset
+from stages.core.schema import Checks, option
 from stages.datasets import Generated, agreement_counts, attribute_from_agreement, round_half_up
-from stages.registry import register_dataset
-from stages.schema import Checks, option
 
 
 @dataclass
@@ -93,7 +93,7 @@ def sample_split(n: int, rho: float, negation_rate: float, rng: np.random.Genera
 
 def generate(cfg: ShortcutTextConfig) -> Generated:
     """All four splits in order, ids 0..N−1; each split from its own stream default_rng([seed, split_index])."""
-    from stages.text import bag_of_words, build_vocab
+    from stages.core.text import bag_of_words, build_vocab
 
     ys, as_, texts, splits = [], [], [], []
     for index, (split, key) in enumerate(SPLIT_SIZES):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.core.registry import register_dataset
+from stages.core.schema import Checks, option
 from stages.datasets import images, raw
 from stages.datasets.images import check_images
-from stages.registry import register_dataset
-from stages.schema import Checks, option
 
 
 @dataclass

@@ -4,7 +4,7 @@ A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
 
     model.safetensors  the weights; its shiftlab metadata holds `kind` and the architecture
                        arguments to rebuild the network (standardisation is in the tensors),
-                       and the folder's `provenance` (stages/provenance.py)
+                       and the folder's `provenance` (stages/core/provenance.py)
     config.json        resolved method config, dataset, seed, selection criterion,
                        selected epoch and its metrics (and `teacher` for a student), and
                        the same `provenance`
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from stages import provenance as prov
-from stages.artifacts import HISTORY_SCHEMA
-from stages.io import (
+from stages.core import provenance as prov
+from stages.core.artifacts import HISTORY_SCHEMA
+from stages.core.io import (
     PROVENANCE,
     ArtifactError,
     fault_point,
@@ -97,7 +97,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_temps(path)  # folders left by a killed writer (see stages/io.py)
+    sweep_stale_temps(path)  # folders left by a killed writer (see stages/core/io.py)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the folder is an ordinary output
     old = path.with_name(f".{path.name}.old-{os.getpid()}")
@@ -132,7 +132,7 @@ def save_model(
 
     `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`);
     config.json gets the model's `inference_cost` added when the model defines one.
-    `provenance` (stages.provenance.record; every stage gives one) goes into both the weights'
+    `provenance` (stages.core.provenance.record; every stage gives one) goes into both the weights'
     header and config.json.
     """
     model_dir = Path(model_dir)
@@ -152,7 +152,7 @@ def save_model(
 def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None = None) -> Classifier:
     """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds).
 
-    With `expect`, the folder's provenance must be what the reader asks for (stages/provenance.py),
+    With `expect`, the folder's provenance must be what the reader asks for (stages/core/provenance.py),
     in model.safetensors and config.json alike; checked once the weights are known to be sound.
     """
     path = Path(model_dir) / WEIGHTS
@@ -168,8 +168,7 @@ def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None =
 
 
 def _build(meta: dict[str, Any], path: Path) -> nn.Module:
-    from stages import registry
-
+    from stages.core import registry
     kind = meta.get("kind")
     cls = registry.model_class(kind) if isinstance(kind, str) else None
     if cls is None:

@@ -49,9 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages.core.registry import register_method, register_model
+from stages.core.schema import Checks, option
 from stages.models.generative import GenerativeFitConfig, log_priors, logsumexp_np
-from stages.registry import register_method, register_model
-from stages.schema import Checks, option
 
 
 @dataclass
@@ -385,7 +385,7 @@ class AutoregressiveClassifier(nn.Module):
         if isinstance(self.tokenizer, QuantileTokenizer):
             x = np.ascontiguousarray(x, dtype=np.float32)
             if x.ndim != 2 or x.shape[1] != self.in_dim:
-                from stages.io import ArtifactError
+                from stages.core.io import ArtifactError
 
                 raise ArtifactError(f"model expects inputs of shape (n, {self.in_dim}), got {x.shape}")
             key = hashlib.sha256(x.tobytes()).digest() + str(x.shape).encode()
@@ -436,11 +436,11 @@ def train_autoregressive(
     quantised features, or on the UTF-8 bytes of its `text` column (`uses_text`; truncated to
     `cfg.max_len` tokens); select by `cfg.selection`. Returns (model with the selected weights,
     its `files` the {"weights": {"path", "sha256"}} it started from, if any; FitResult). With
-    `checkpoint` (a `stages.checkpoint.Checkpointer`) training resumes byte-identically. A missing
+    `checkpoint` (a `stages.core.checkpoint.Checkpointer`) training resumes byte-identically. A missing
     or unfitting weights file is an ArtifactError naming it and `key`.weights."""
+    from stages.core.runtime import setup_torch
     from stages.models.generative import GenerativeFitOptions, fit_generative
     from stages.models.training import SplitData, split_data
-    from stages.runtime import setup_torch
 
     generator = setup_torch(seed)
     splits = split_data(prepared)

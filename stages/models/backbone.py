@@ -42,13 +42,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from stages.core.registry import register_model
+from stages.core.schema import ConfigError
 from stages.models.nets import Standardize, batched_logits
-from stages.registry import register_model
-from stages.schema import ConfigError
 
 if TYPE_CHECKING:
-    from stages.artifacts import Prepared
-    from stages.stream import PreparedFile
+    from stages.core.artifacts import Prepared
+    from stages.core.stream import PreparedFile
 
 LIBRARY = "timm"
 MLP = "mlp"  # the `backbone` value that keeps the hand-written MLP (stages/models/mlp.py)
@@ -163,10 +163,10 @@ class ChannelNormalize(nn.Module):
 
 def train_images(prepared: Prepared | PreparedFile) -> Iterator[torch.Tensor]:
     """The train split's inputs as float32 batches of flat rows: from memory, or one pass over the stream."""
-    from stages.stream import PreparedFile, to_input
+    from stages.core.stream import PreparedFile, to_input
 
     if isinstance(prepared, PreparedFile):
-        from stages.runtime import current
+        from stages.core.runtime import current
 
         yield from (to_input(x) for x in prepared.splits(["train"])["train"].x_batches(STATS_ROWS, current().workers))
         return
@@ -225,8 +225,8 @@ class TimmClassifier(nn.Module):
         """The last hidden layer, what the classifier head reads (timm's `forward_head(...,
         pre_logits=True)`: the pooled features), float32 (n, num_features); in eval mode, on the
         model's device, in batches of at most 64 MB of input."""
+        from stages.core.stream import batch_rows
         from stages.models.nets import model_device
-        from stages.stream import batch_rows
 
         was_training = self.training
         self.eval()
@@ -310,7 +310,7 @@ def _no_extra_tensors(net: nn.Module, path: str | os.PathLike[str], key: str, sk
     of another network (a resnet34's file holds every tensor of a resnet18, and more)."""
     from safetensors import safe_open
 
-    from stages.io import ArtifactError
+    from stages.core.io import ArtifactError
 
     own = net.state_dict()
     with safe_open(str(path), framework="pt") as f:

@@ -47,15 +47,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from stages.core.registry import register_method
+from stages.core.schema import SELECTIONS, Checks, ConfigError, option
 from stages.models.discriminative import pretrained_encoder, pretrained_for
 from stages.models.robust import group_scores
-from stages.registry import register_method
-from stages.schema import SELECTIONS, Checks, ConfigError, option
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from stages.artifacts import Prepared
+    from stages.core.artifacts import Prepared
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import Trained, TrainJob
@@ -342,9 +342,9 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
     Only the rows of `splits` are kept (matched to the prepared rows by id, in prepared
     order); a missing file, or ids that do not match the prepared data, name the file.
     """
-    from stages import provenance
-    from stages.artifacts import embeddings_schema, pretrained_dir
-    from stages.io import (
+    from stages.core import provenance
+    from stages.core.artifacts import embeddings_schema, pretrained_dir
+    from stages.core.io import (
         PROVENANCE,
         ArtifactError,
         fixed_list_to_numpy,
@@ -399,9 +399,9 @@ def feature_extractor(
     trained model of method `cfg.features`, same dataset and seed: its encoder's output, the
     input of its head, is the last hidden layer.
     """
-    from stages import provenance
-    from stages.artifacts import model_dir, prepared_path
-    from stages.io import ArtifactError
+    from stages.core import provenance
+    from stages.core.artifacts import model_dir, prepared_path
+    from stages.core.io import ArtifactError
     from stages.models import WEIGHTS, load_model
 
     splits = cfg.reads_splits()
@@ -469,8 +469,9 @@ def fit_head(
     (`grid[*].test_ood_worst_group_acc`); that score never chooses C unless `selection` is
     oracle.
     """
-    from stages.models.training import history_rows, history_table, split_data, split_metrics
-    from stages.runtime import setup_torch
+    from stages.core.runtime import setup_torch
+    from stages.models.history import history_rows, history_table
+    from stages.models.training import split_data, split_metrics
 
     setup_torch(seed)
     path, standardize, encoder, embedded = feature_extractor(prepared, cfg, dataset, seed, key, method)

@@ -66,10 +66,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stages.core.registry import register_method, register_model
+from stages.core.schema import Checks, ConfigError, option
 from stages.models.generative import LOG_2PI, GenerativeFitConfig, log_priors, logsumexp_np
 from stages.models.nets import Standardize
-from stages.registry import register_method, register_model
-from stages.schema import Checks, ConfigError, option
 
 
 @dataclass
@@ -621,7 +621,7 @@ class DiffusionClassifier(nn.Module):
     def _cached(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.in_dim:
-            from stages.io import ArtifactError
+            from stages.core.io import ArtifactError
 
             raise ArtifactError(f"model expects inputs of shape (n, {self.in_dim}), got {x.shape}")
         key = hashlib.sha256(x.tobytes()).digest() + str(x.shape).encode()
@@ -706,13 +706,13 @@ def train_diffusion(
     Returns (model holding the selected weights, training.FitResult). Raises ValueError for
     a config that does not fit the data (e.g. `prune_keep` >= n_classes), ArtifactError for a
     `weights` file that is missing or does not fit (naming it and `key`, the config section). With `checkpoint`
-    (a `stages.checkpoint.Checkpointer`) training resumes byte-identically: the loss draws
+    (a `stages.core.checkpoint.Checkpointer`) training resumes byte-identically: the loss draws
     t, ε and the class dropout from the loop's generator, which the checkpoint carries, and
     selection scoring seeds its own generator from `score_seed` on every call.
     """
+    from stages.core.runtime import setup_torch
     from stages.models.generative import GenerativeFitOptions, fit_generative
     from stages.models.training import split_data
-    from stages.runtime import setup_torch
 
     generator = setup_torch(seed)
     splits = split_data(prepared)

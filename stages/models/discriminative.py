@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stages.schema import OPTIMIZERS, Checks, option, train_and_selection_splits
+from stages.core.schema import OPTIMIZERS, Checks, option, train_and_selection_splits
 
 MLP = "mlp"  # the `backbone` value of the hand-written MLP (every default)
 
@@ -24,12 +24,12 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from stages.artifacts import Prepared
+    from stages.core.artifacts import Prepared
+    from stages.core.provenance import Expected
+    from stages.core.stream import PreparedFile
     from stages.models.mlp import MLPClassifier
     from stages.models.nets import MLPEncoder, Standardize
     from stages.models.training import SplitData, Trained, TrainJob
-    from stages.provenance import Expected
-    from stages.stream import PreparedFile
 
 
 @dataclass
@@ -97,10 +97,10 @@ def uses_pretrained(cfg: Any) -> bool:
 def pretrained_encoder(dataset: str, in_dim: int) -> tuple[Path, Standardize, MLPEncoder]:
     """The pretrain stage's encoder of `dataset`, for `in_dim` inputs: (its path, input
     standardisation, encoder). It must have been pretrained on this dataset's prepared file as
-    it is now (its provenance, stages/provenance.py)."""
-    from stages import provenance
-    from stages.artifacts import pretrained_dir
-    from stages.io import ArtifactError
+    it is now (its provenance, stages/core/provenance.py)."""
+    from stages.core import provenance
+    from stages.core.artifacts import pretrained_dir
+    from stages.core.io import ArtifactError
     from stages.models import ENCODER, load_encoder
 
     path = pretrained_dir(dataset) / ENCODER
@@ -118,8 +118,8 @@ def pretrained_encoder(dataset: str, in_dim: int) -> tuple[Path, Standardize, ML
 
 def pretrained_for(dataset: str) -> Expected:
     """What the pretrain stage's outputs must be for a method training on `dataset`."""
-    from stages import provenance
-    from stages.artifacts import prepared_path
+    from stages.core import provenance
+    from stages.core.artifacts import prepared_path
 
     return provenance.Expected(dataset, f"pretrain@{dataset}", inputs=(prepared_path(dataset),), verb="pretrained")
 
@@ -170,7 +170,8 @@ def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: boo
     """Train the classifier `job.cfg` configures (`build_classifier`: the MLP, or a timm
     backbone) on `job` with the loss `setup` returns (cross-entropy when None), through the
     shared loop (selection by `cfg.selection`, checkpoint/resume)."""
-    from stages.artifacts import pretrained_dir
+    from stages.core.artifacts import pretrained_dir
+    from stages.core.runtime import setup_torch
     from stages.models import ENCODER
     from stages.models.training import (
         FitOptions,
@@ -179,7 +180,6 @@ def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: boo
         fit_classifier,
         split_data,
     )
-    from stages.runtime import setup_torch
 
     cfg = job.cfg
     check_input(job)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stages.core.registry import register_method
 from stages.models.discriminative import MLPFitConfig, train_mlp
-from stages.registry import register_method
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stages.io import ArtifactError
+from stages.core.io import ArtifactError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -44,7 +44,7 @@ def load_external(
     import torch
     from safetensors import SafetensorError, safe_open
 
-    from stages.provenance import file_sha256
+    from stages.core.provenance import file_sha256
 
     path = Path(path)
     if not path.is_file():

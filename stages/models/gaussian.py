@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from stages.core.schema import Checks, ConfigError, option
 from stages.models.generative import logsumexp_np
 from stages.models.nets import batched_logits
-from stages.schema import Checks, ConfigError, option
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob

@@ -5,7 +5,7 @@ A generative model is trained by maximum likelihood of x given its label — its
 loss never scores the other classes — so its step is the model's own per-batch loss, not
 `loss(model(x), batch)` on class logits as in `training.fit_classifier`. `fit_generative`
 runs that step through the one loop `training.fit_loop` (same `run_epoch`, the same named
-selection criteria `training.SELECTION_METRIC`: val_avg, val_worst_group, oracle; ties to
+selection criteria `history.SELECTION_METRIC`: val_avg, val_worst_group, oracle; ties to
 the earlier epoch; the same checkpoint/resume). Classifying is far dearer than a training
 step (every class, and for a denoising model many noise draws), so the splits are scored every
 `eval_every` epochs and at the last epoch (with the model's cheaper selection-time scorer),
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from stages.core.schema import Checks, option, train_and_selection_splits
 from stages.models.training import Batch, FitOptions, FitResult, SplitData, fit_loop, split_metrics
-from stages.schema import Checks, option, train_and_selection_splits
 
 if TYPE_CHECKING:
-    from stages.checkpoint import Checkpointer
+    from stages.core.checkpoint import Checkpointer
 
 
 @dataclass

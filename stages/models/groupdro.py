@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from stages.core.registry import register_method
+from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, train_mlp
-from stages.registry import register_method
-from stages.schema import Checks, option
 
 if TYPE_CHECKING:
     from stages.models.training import Batch, Trained, TrainJob

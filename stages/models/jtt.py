@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stages.core.registry import register_method
+from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, build_classifier, train_mlp
 from stages.models.robust import normalised, weighted_cross_entropy
 from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
-from stages.registry import register_method
-from stages.schema import Checks, option
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob
@@ -43,9 +43,9 @@ def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
 @torch.no_grad()
 def misclassified(model: torch.nn.Module, split: SplitData, batch_size: int = 4096) -> torch.Tensor:
     """Boolean mask of the examples of `split` that `model` (in eval mode) gets wrong."""
+    from stages.core.runtime import current
+    from stages.core.stream import batch_rows, to_input
     from stages.models.nets import model_device
-    from stages.runtime import current
-    from stages.stream import batch_rows, to_input
 
     was_training = model.training
     model.eval()

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from stages.core.registry import register_model
 from stages.models.nets import MLPEncoder, Standardize, batched_logits
-from stages.registry import register_model
 
 
 @register_model("mlp")

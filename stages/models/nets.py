@@ -119,7 +119,7 @@ class DenoisingAutoencoder(nn.Module):
 @torch.no_grad()
 def batched_logits(model: nn.Module, x: np.ndarray, in_dim: int, n_classes: int, batch_size: int) -> np.ndarray:
     """Run `model` over `x` in eval mode and batches; checks the input width."""
-    from stages.io import ArtifactError
+    from stages.core.io import ArtifactError
 
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != in_dim:
@@ -129,7 +129,7 @@ def batched_logits(model: nn.Module, x: np.ndarray, in_dim: int, n_classes: int,
     was_training = model.training
     model.eval()
     try:
-        from stages.runtime import current
+        from stages.core.runtime import current
 
         device, rt = model_device(model), current()
         out = np.empty((len(x), n_classes), dtype=np.float32)
@@ -152,7 +152,7 @@ def model_device(model: nn.Module) -> torch.device:
 def place(model: nn.Module) -> torch.device:
     """Move `model` to the runtime's device if its class says it runs there (`on_accelerator`:
     every tensor it makes follows its inputs' device); others stay on the CPU. Returns the device."""
-    from stages.runtime import current
+    from stages.core.runtime import current
 
     device = torch.device(current().device if getattr(model, "on_accelerator", False) else "cpu")
     model.to(device)

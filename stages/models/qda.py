@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from stages.core.registry import register_method, register_model
 from stages.models.gaussian import GaussianClassifier, GaussianConfig, shrink, train_closed_form
 from stages.models.generative import class_counts
-from stages.registry import register_method, register_model
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob

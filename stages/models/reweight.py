@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stages.core.registry import register_method
+from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, train_mlp
 from stages.models.robust import normalised, weighted_cross_entropy
-from stages.registry import register_method
-from stages.schema import Checks, option
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob

@@ -1,28 +1,20 @@
-"""Pieces the shortcut-robust methods share, and the selection record every method keeps.
+"""Pieces the shortcut-robust methods share.
 
 `weighted_cross_entropy` with per-example weights `normalised` to mean 1 over train (so a
 weighted loss has the scale of plain cross-entropy and the same learning rate suits every
 method); `logistic_regression`, an exact L2 logistic regression (last-layer retraining);
 `group_scores`, accuracy and worst-group accuracy of logits.
-
-`selection_summary` turns a training history into the epoch (and its metrics) each named
-criterion — val_avg, val_worst_group, oracle — would pick, so every model's config.json
-reports all three while only the configured one chose the saved weights.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from stages.models.training import (
-    SELECTION_METRIC,
-    Batch,
-)
+from stages.models.training import Batch
 
 if TYPE_CHECKING:
     pass
@@ -110,30 +102,3 @@ def group_scores(logits: np.ndarray, y: np.ndarray, g: np.ndarray) -> dict[str, 
     correct = logits.argmax(1) == y
     wga = min(float(correct[g == v].mean()) for v in np.unique(g))
     return {"acc": float(correct.mean()), "worst_group_acc": wga}
-
-
-# ---- selection record ------------------------------------------------------------------------
-
-
-def selection_summary(history: pa.Table) -> dict[str, dict[str, Any]]:
-    """For each criterion whose split is in `history`, the epoch it picks and that epoch's metrics.
-
-    Ties go to the earlier epoch, as in `training.fit_classifier`. Only the configured
-    criterion chose the saved weights; the others (oracle above all) are for the report.
-    Only scored rows count (a generative model's unscored epochs have null metrics).
-    """
-    rows = [r for r in history.to_pylist() if r["acc"] is not None]
-    out: dict[str, dict[str, Any]] = {}
-    for criterion, (split, metric) in SELECTION_METRIC.items():
-        candidates = [r for r in rows if r["split"] == split]
-        if not candidates:
-            continue
-        best = max(candidates, key=lambda r: (r[metric], -r["epoch"]))
-        epoch = best["epoch"]
-        out[criterion] = {
-            "epoch": epoch,
-            "metrics": {
-                r["split"]: {"acc": r["acc"], "worst_group_acc": r["worst_group_acc"]} for r in rows if r["epoch"] == epoch
-            },
-        }
-    return out

@@ -1,6 +1,6 @@
 """The text classifiers (model kind `text`, `input = "text"`): a bag of embeddings, or BERT.
 
-`TextClassifier`: token ids (stages/text.py `encode`) → mean of their embeddings (padding
+`TextClassifier`: token ids (stages/core/text.py `encode`) → mean of their embeddings (padding
 ignored) → optional ReLU layers (`hidden`) → linear head.
 
 `BertTextClassifier`: transformers' `BertModel`, built from a `BertConfig` whose sizes come from
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from stages.core.registry import register_model
+from stages.core.text import encode
 from stages.models.nets import MLPEncoder
-from stages.registry import register_model
-from stages.text import encode
 
 
 @register_model("text")
@@ -251,7 +251,7 @@ def read_bert_vocab(path: str | os.PathLike[str], key: str) -> tuple[list[str], 
     lowercase). An uncased vocabulary (no token but the [SPECIAL] ones with an upper-case
     letter) is read lower-cased, as BERT-uncased was trained. One-line ArtifactError naming the
     file and `key` when it is missing, unreadable, or lacks [PAD], [UNK], [CLS] or [SEP]."""
-    from stages.io import ArtifactError
+    from stages.core.io import ArtifactError
 
     path = Path(path)
     try:

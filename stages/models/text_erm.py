@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from stages.core.registry import register_method
+from stages.core.schema import Checks, option, train_and_selection_splits
+from stages.core.text import build_vocab
 from stages.models.text import TextClassifier
-from stages.registry import register_method
-from stages.schema import Checks, option, train_and_selection_splits
-from stages.text import build_vocab
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from stages.checkpoint import Checkpointer
+    from stages.core.checkpoint import Checkpointer
     from stages.models.training import FitResult
 
 
@@ -100,7 +100,8 @@ def train_text(
     checks the first before this, naming the method and dataset); so is a missing or unfitting
     weights or vocab file, naming it and the config key (`key`.weights / `key`.vocab).
     """
-    from stages.io import ArtifactError
+    from stages.core.io import ArtifactError
+    from stages.core.runtime import setup_torch
     from stages.models.training import (
         FitOptions,
         SplitData,
@@ -108,7 +109,6 @@ def train_text(
         fit_classifier,
         split_data,
     )
-    from stages.runtime import setup_torch
 
     dataset = prepared.meta.get("dataset", "?")
     if getattr(prepared, "text", None) is None:
@@ -137,9 +137,9 @@ def bert_classifier(words: list[str] | None, n_classes: int, cfg: TextErmConfig,
     vocab.txt `cfg.vocab`; started from `cfg.weights` when set (its position table as long as
     the file's, so a 512-position checkpoint fits whatever `max_len`). Its `files` attribute
     records {"weights"/"vocab": {"path", "sha256"}} of the files read, for config.json."""
+    from stages.core.provenance import file_sha256
     from stages.models.external import file_shapes
     from stages.models.text import BertTextClassifier, read_bert_vocab
-    from stages.provenance import file_sha256
 
     files: dict[str, dict[str, str]] = {}
     tokenizer, lowercase = "words", True

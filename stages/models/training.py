@@ -7,7 +7,7 @@ every `eval_every` epochs); pretrain's denoising autoencoder calls the inner `ru
 with its own reconstruction loss.
 
 `TrainJob` is what the train stage hands a method's registered `train` function, `Trained`
-what the function returns (stages/registry.py).
+what the function returns (stages/core/registry.py).
 
 History (`artifacts.HISTORY_SCHEMA`): after every epoch (1..epochs) there is a row for train
 and val with `objective`, the value of the model's training objective: on train the mean of
@@ -32,7 +32,7 @@ non-finite weights at the end of an epoch; `fit_loop` then deletes the stage's c
 resume would only diverge again) and no output is written.
 
 Ties go to the earlier epoch. The selected state_dict is kept in memory; with a
-`stages.checkpoint.Checkpointer` the whole loop state (model, optimiser, loss state, RNGs,
+`stages.core.checkpoint.Checkpointer` the whole loop state (model, optimiser, loss state, RNGs,
 history, best-so-far) is also written every few epochs and on SIGINT/SIGTERM, and a re-run
 resumes from it with byte-identical results — for every model trained through `fit_loop`.
 """
@@ -52,26 +52,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.artifacts import HISTORY_SCHEMA, SPLITS, Prepared, prepared_path, read_prepared
-from stages.io import ArtifactError, StageInterrupted, fault_point
+from stages.core.artifacts import SPLITS, Prepared, prepared_path, read_prepared
+from stages.core.io import ArtifactError, StageInterrupted, fault_point
+from stages.core.runtime import progress
+from stages.models.history import (
+    SELECTION_METRIC,
+    convergence,
+    history_rows,
+    history_table,
+    selection_summary,
+)
 from stages.models.nets import model_device, place
-from stages.runtime import progress
 
 if TYPE_CHECKING:
-    from stages.checkpoint import Checkpoint, Checkpointer
+    from stages.core.checkpoint import Checkpoint, Checkpointer
+    from stages.core.stream import PreparedFile, StreamSplit
     from stages.models.nets import Standardize
-    from stages.stream import PreparedFile, StreamSplit
 
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
 """A training objective: (logits of a batch, the batch's tensors) -> scalar loss."""
-
-SELECTION_METRIC: dict[str, tuple[str, str]] = {
-    "val_avg": ("val", "acc"),
-    "val_worst_group": ("val", "worst_group_acc"),
-    "oracle": ("test_ood", "worst_group_acc"),
-}
-
 
 # ---- data ------------------------------------------------------------------------------------
 
@@ -98,14 +98,14 @@ class SplitData:
 
 
 Split = Union[SplitData, "StreamSplit"]
-"""A split in memory, or read in row groups (`runtime.stream`; stages/stream.py): both give
+"""A split in memory, or read in row groups (`runtime.stream`; stages/core/stream.py): both give
 `len`, `y`, `g`, `extra` and `x_batches`; `fit_loop` trains on either."""
 
 
 def split_data(prepared: Prepared | PreparedFile) -> dict[str, Split]:
     """The prepared splits as tensors, in `SPLITS` order; empty splits are left out. A file opened
-    for streaming (`runtime.stream`) gives its splits as streams (stages/stream.py)."""
-    from stages.stream import PreparedFile
+    for streaming (`runtime.stream`) gives its splits as streams (stages/core/stream.py)."""
+    from stages.core.stream import PreparedFile
 
     if isinstance(prepared, PreparedFile):
         return dict(prepared.splits(SPLITS))
@@ -123,9 +123,9 @@ def split_data(prepared: Prepared | PreparedFile) -> dict[str, Split]:
 
 def train_standardize(prepared: Prepared | PreparedFile) -> Standardize:
     """Input standardisation fitted on the train split: in memory, or in one pass over the stream."""
+    from stages.core.runtime import current
+    from stages.core.stream import PreparedFile, batch_rows, to_input
     from stages.models.nets import Standardize
-    from stages.runtime import current
-    from stages.stream import PreparedFile, batch_rows, to_input
 
     in_dim = int(np.prod(prepared.shape))
     if isinstance(prepared, PreparedFile):
@@ -138,7 +138,7 @@ def train_standardize(prepared: Prepared | PreparedFile) -> Standardize:
 def read_prepared_input(dataset: str, need: tuple[str, ...] = SPLITS, stream: bool = False) -> Prepared | PreparedFile:
     """Read data/prepared/<dataset>.parquet (with `stream`, open it for reading in row groups; its
     `x` values are checked as they are read); a missing file or split names the path and its maker."""
-    from stages.stream import PreparedFile
+    from stages.core.stream import PreparedFile
 
     path = prepared_path(dataset)
     if not path.is_file():
@@ -239,8 +239,8 @@ def evaluate_splits(
 
     Batches go to the model's device under the runtime's autocast; logits come back as float32
     on the CPU (both no-ops in the default CPU fp32 run)."""
-    from stages.runtime import current
-    from stages.stream import batch_rows, to_input
+    from stages.core.runtime import current
+    from stages.core.stream import batch_rows, to_input
 
     rt, device = current(), model_device(model)
     was_training = model.training
@@ -257,86 +257,6 @@ def evaluate_splits(
         return out
     finally:
         model.train(was_training)
-
-
-HISTORY_METRICS = ("loss", "acc", "worst_group_acc")
-"""The history columns an epoch has only where the split was scored (null elsewhere)."""
-
-
-def history_table(rows: list[dict[str, Any]]) -> pa.Table:
-    """History rows (epoch, split, loss, acc, worst_group_acc, objective) as a HISTORY_SCHEMA table."""
-    return pa.Table.from_pylist(rows, schema=HISTORY_SCHEMA)
-
-
-def history_rows(
-    epoch: int, metrics: Mapping[str, Mapping[str, float]], objective: Mapping[str, float | None] | None = None
-) -> list[dict[str, Any]]:
-    """One row per split scored (`metrics`) or with an objective value, in SPLITS order (then any
-    other split in the order given); a column a split lacks is null."""
-    objective = objective or {}
-    given = list(dict.fromkeys([*metrics, *objective]))
-    names = [n for n in SPLITS if n in given] + [n for n in given if n not in SPLITS]
-    return [
-        {"epoch": epoch, "split": name, **dict.fromkeys(HISTORY_METRICS), **metrics.get(name, {}),
-         "objective": objective.get(name)}
-        for name in names
-    ]
-
-
-# ---- convergence -----------------------------------------------------------------------------
-
-UNDERTRAINED_WINDOW = 0.2
-"""The window of the under-training check: the last 20 % of the epochs (rounded up) ..."""
-UNDERTRAINED_MIN_EPOCHS = 2
-"""... and at least 2 epochs."""
-UNDERTRAINED_GAIN = 0.01
-"""A val objective that improved by more than 1 % (relative) within the window is flagged."""
-UNDER_TRAINED, PLATEAUED, NOT_APPLICABLE = "may be under-trained", "plateaued", "n/a"
-
-
-def convergence(
-    history: pa.Table | list[dict[str, Any]],
-    window: float = UNDERTRAINED_WINDOW,
-    min_epochs: int = UNDERTRAINED_MIN_EPOCHS,
-    gain: float = UNDERTRAINED_GAIN,
-) -> dict[str, Any]:
-    """The under-training check of a history (docs/metrics.md, "Training objective and the under-training flag").
-
-    Over the val rows with an objective, epochs 1..E in order: the window is the last
-    w = max(`min_epochs`, ceil(`window` · E)) epochs, its start value v0 the val objective at
-    epoch E − w (the model the window's training started from), and
-
-        improvement = (v0 − min over the window) / |v0|
-
-    (0 when v0 is 0). improvement > `gain` -> "may be under-trained", else "plateaued"; no
-    val objective (closed-form and other epoch-less models) or E <= w -> "n/a". Returns
-    {"flag", "epochs": E, "window": [first, last epoch] or None, "improvement" or None, "why",
-    "val_objective": the curve, epochs 1..E} (train and distill keep it in config.json, evaluate
-    passes it on to the report, which draws the curves).
-    """
-    rows = history.to_pylist() if isinstance(history, pa.Table) else history
-    curve = sorted((int(r["epoch"]), float(r["objective"])) for r in rows
-                   if r["split"] == "val" and r.get("objective") is not None and r["epoch"] >= 1)
-    n = len(curve)
-    w = max(int(min_epochs), math.ceil(float(window) * n - 1e-9))
-    out: dict[str, Any] = {"flag": NOT_APPLICABLE, "epochs": n, "window": None, "improvement": None,
-                           "val_objective": [v for _, v in curve]}
-    if n == 0:
-        return {**out, "why": "no epochs: no per-epoch val objective (fitted in closed form, or no val split)"}
-    if n <= w:
-        return {**out, "why": f"too few epochs: {n}, the check needs more than {w}"}
-    start = curve[n - w - 1][1]
-    best = min(v for _, v in curve[n - w :])
-    improvement = (start - best) / abs(start) if start != 0 else 0.0
-    flagged = improvement > gain
-    return {
-        **out,
-        "flag": UNDER_TRAINED if flagged else PLATEAUED,
-        "window": [curve[n - w][0], curve[-1][0]],
-        "improvement": improvement,
-        "why": f"val objective {'improved' if improvement > 0 else 'changed'} by {improvement:+.1%} over the last "
-               f"{w} of {n} epochs ({'more' if flagged else 'not more'} than {gain:.0%})",
-    }
 
 
 # ---- the loop --------------------------------------------------------------------------------
@@ -379,7 +299,7 @@ class FitOptions:
     batch_size: int
     selection: str = "val_avg"
     weight_decay: float = 0.0
-    optimizer: str = "adamw"  # stages.schema.OPTIMIZERS
+    optimizer: str = "adamw"  # stages.core.schema.OPTIMIZERS
     momentum: float = 0.9  # sgd only
 
     @classmethod
@@ -429,8 +349,8 @@ def run_epoch(
     optimiser steps on it; so do non-finite weights at the end of the pass (a last step that
     diverged), so no caller ever scores or checkpoints NaN weights.
     """
-    from stages.runtime import current
-    from stages.stream import to_input
+    from stages.core.runtime import current
+    from stages.core.stream import to_input
 
     rt = current()
     device = optimizer.param_groups[0]["params"][0].device
@@ -464,9 +384,9 @@ def run_epoch(
 
 def _batches(data: Mapping[str, torch.Tensor] | StreamSplit, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
     """One epoch's minibatches: of tensors in memory, one seeded permutation of the rows; of a
-    stream (stages/stream.py), its seeded row-group and window shuffle."""
+    stream (stages/core/stream.py), its seeded row-group and window shuffle."""
     if not isinstance(data, Mapping):
-        from stages.runtime import current
+        from stages.core.runtime import current
 
         rt = current()
         yield from data.epoch(batch_size, generator, rt.shuffle_buffer, rt.workers)
@@ -544,7 +464,7 @@ def fit_loop(
     must not draw from any other stateful RNG (a generative scorer seeds its own generator
     afresh on every call, so it needs nothing saved).
     """
-    from stages.checkpoint import StopRequest, stop_requests
+    from stages.core.checkpoint import StopRequest, stop_requests
 
     split_name, metric = SELECTION_METRIC[opts.selection]
     if split_name not in splits:
@@ -621,7 +541,7 @@ def _loop_state(
     rows: list[dict[str, Any]], best: _Best | None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Everything `fit_loop` needs to continue: (tensors, JSON meta) for a checkpoint."""
-    from stages.checkpoint import optimizer_tensors, prefixed, rng_state
+    from stages.core.checkpoint import optimizer_tensors, prefixed, rng_state
 
     tensors = {**prefixed("model", model.state_dict()), **optimizer_tensors(optimizer)}
     if loss_state is not None:
@@ -639,7 +559,7 @@ def _restore(
     ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, loss_state: Any, generator: torch.Generator
 ) -> tuple[list[dict[str, Any]], _Best | None]:
     """Load a checkpoint into the loop's objects, after checking every tensor fits (else ArtifactError)."""
-    from stages.checkpoint import load_optimizer, set_rng_state, unprefixed
+    from stages.core.checkpoint import load_optimizer, set_rng_state, unprefixed
 
     t, meta = ckpt.tensors, ckpt.meta
     expected: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -691,7 +611,7 @@ class TrainJob:
     seed: int
     cfg: Any  # the validated config, of the schema the method's kind registered
     prepared: Prepared
-    checkpoint_every: int  # the `train` section (stages/settings.py TrainConfig)
+    checkpoint_every: int  # the `train` section (stages/core/settings.py TrainConfig)
     resume: bool
 
     @property
@@ -706,12 +626,12 @@ class TrainJob:
 
     def checkpointer(self, code: list[Any] | None = None) -> Any:
         """The Checkpointer of this stage, fingerprinted by its config, inputs and code
-        (resuming never crosses a change of any of them; see stages/checkpoint.py)."""
+        (resuming never crosses a change of any of them; see stages/core/checkpoint.py)."""
         import dataclasses
         from pathlib import Path
 
-        from stages.artifacts import pretrained_dir
-        from stages.checkpoint import Checkpointer, fingerprint
+        from stages.core.artifacts import pretrained_dir
+        from stages.core.checkpoint import Checkpointer, fingerprint
         from stages.models import ENCODER
         from stages.models.external import local_files
 
@@ -747,7 +667,6 @@ class Trained:
 def epoch_trained(model: Any, result: FitResult, selection: str, checkpoint: Any, **record: Any) -> Trained:
     """A model trained by epochs through `fit_loop`: the epoch `selection` chose, and what every
     criterion would have chosen (`selections`)."""
-    from stages.models.robust import selection_summary
 
     record.setdefault("architecture", model.arch())
     record.update(selection=selection, selected_epoch=result.selected_epoch, metrics=result.selected_metrics)

@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-VENDOR_DIR = Path(__file__).resolve().parent.parent / "vendor" / "data_docs"  # the npm-only files
+VENDOR_DIR = Path(__file__).resolve().parents[2] / "vendor" / "data_docs"  # the npm-only files
 SITE_DIR = "static/vendor"  # the copies' folder inside a docs site
 
 
@@ -178,7 +178,7 @@ def _rewrite_page(text: str, rel: str, used: set[str], site: Path) -> str:
             what = "draws a Vega chart, and Vega is" if url in VEGA else "loads a file"
             raise RemoteAsset(
                 f"Data Docs page {rel} {what} not copied locally: {url}; add a local copy to "
-                "stages/data_docs.py's CDN table (from a pinned package or vendor/data_docs/)"
+                "stages/validation/data_docs.py's CDN table (from a pinned package or vendor/data_docs/)"
             )
         asset = CDN[url]
         if asset is None:

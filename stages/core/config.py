@@ -4,12 +4,12 @@
 Each stage asks for its section (`dataset.<name>`, `method.<name>`, `evaluate`, ...),
 which is merged into the section's dataclass: an unknown key, a missing key, a wrong type
 or an out-of-range value raises `ConfigError` naming the full key before any work starts.
-A dataset's or method's schema is the one its `kind` registered (stages/registry.py); the
-stage sections' schemas are in stages/settings.py.
+A dataset's or method's schema is the one its `kind` registered (stages/core/registry.py); the
+stage sections' schemas are in stages/core/settings.py.
 
-    python -m stages.config check      # validate the whole params.yaml
-    python -m stages.config compose    # regenerate params.yaml from conf/ (as `dvc exp run` does)
-    python -m stages.config compose a=1 --set b=1 --set b=2    # check both compose; write nothing
+    python -m stages.core.config check      # validate the whole params.yaml
+    python -m stages.core.config compose    # regenerate params.yaml from conf/ (as `dvc exp run` does)
+    python -m stages.core.config compose a=1 --set b=1 --set b=2    # check both compose; write nothing
 
 Composition validates before anything is written: our Hydra plugin's `shiftlab.dag` resolver
 (hydra_plugins/shiftlab) runs `check_composed` on the composed config while DVC's
@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stages import registry
-from stages.schema import ConfigError, check
-from stages.settings import (
+from stages.core import registry
+from stages.core.schema import ConfigError, check
+from stages.core.settings import (
     DistillConfig,
     EvaluateConfig,
     PhaseConfig,
@@ -49,7 +49,7 @@ __all__ = ["ConfigError", "load_params", "section", "dataset_config", "method_co
 
 T = TypeVar("T")
 PARAMS = Path("params.yaml")
-CONF = Path(__file__).resolve().parent.parent / "conf"  # the project's, wherever the cwd is
+CONF = Path(__file__).resolve().parents[2] / "conf"  # the project's, wherever the cwd is
 # The stage sections every full run reads, and their schemas.
 STAGE_SECTIONS: dict[str, type] = {
     "pretrain": PretrainConfig,
@@ -180,6 +180,16 @@ def defaults(group: str, name: str, **overrides: Any) -> Any:
     return validate(node, key, schema)
 
 
+def configure_runtime(params: DictConfig, key: str = "runtime") -> Any:
+    """Resolve the `runtime` section of `params` (conf/'s defaults where a hand-written params file
+    has none) and make it this process's (`stages.core.runtime.use`): call it first in a stage,
+    before reading any data, so a device this machine lacks stops the stage before any work."""
+    from stages.core import runtime
+
+    cfg = section(params, key, RuntimeConfig) if OmegaConf.select(params, key) is not None else defaults("runtime", "default")
+    return runtime.use(runtime.resolve(cfg, key))
+
+
 def check_all(params: DictConfig) -> RunConfig:
     """Validate every section `dvc repro` will read; raises on the first section with errors."""
     run = section(params, "run", RunConfig)
@@ -266,7 +276,7 @@ def check_text_input(method: str, cfg: Any, dataset: str, dataset_kind: str | No
 
 def describe_section(params: DictConfig | None, key: str, schema: type) -> str:
     """--help text of one section: its keys, types, meaning and the values params.yaml gives."""
-    from stages.schema import describe
+    from stages.core.schema import describe
 
     values = OmegaConf.select(params, key) if params is not None else None
     return describe(schema, key, values if isinstance(values, DictConfig) else None)
@@ -298,7 +308,7 @@ def compose(config_dir: str | Path = "conf", output: str | Path = PARAMS, overri
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from stages.io import write_text
+    from stages.core.io import write_text
 
     conf = Path(config_dir).resolve()
     _hydra_plugin().register(conf)  # this conf/'s files, even if another project's were registered first
@@ -356,10 +366,10 @@ def _one_line(e: Exception) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.cli import ArgumentParser
-    from stages.io import ArtifactError, check_writable
+    from stages.core.console import ArgumentParser
+    from stages.core.io import ArtifactError, check_writable
 
-    parser = ArgumentParser(name="config", prog="python -m stages.config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(name="config", prog="python -m stages.core.config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["check", "compose", "show"])
     parser.add_argument("overrides", nargs="*", default=[])
     parser.add_argument("--params", default=str(PARAMS))
@@ -383,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = load_params(args.params, args.overrides)
         run = check_composed(params)
         if args.command == "check":  # and this machine can run it: a CUDA runtime where there is none stops here
-            from stages.runtime import resolve
+            from stages.core.runtime import resolve
 
             resolve(section(params, "runtime", RuntimeConfig))
         if args.command == "show":

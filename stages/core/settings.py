@@ -1,6 +1,6 @@
 """The schemas of the stage sections of params.yaml (pretrain, distill, train, validate,
 evaluate, phase, run). Methods and datasets declare theirs in their own modules
-(stages/registry.py); every value lives in conf/.
+(stages/core/registry.py); every value lives in conf/.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from stages.schema import Checks, option
+from stages.core.schema import Checks, option
 
 
 @dataclass
@@ -67,7 +67,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class RuntimeConfig:
-    """How the torch stages run: device, precision, CPU threads, determinism, streaming (stages/runtime.py)."""
+    """How the torch stages run: device, precision, CPU threads, determinism, streaming (stages/core/runtime.py)."""
 
     device: str = option("auto (CUDA when present, else the CPU) | cpu | cuda | cuda:<index>")
     precision: str = option("fp32 | bf16 | fp16: autocast dtype of forward passes (fp16 on CUDA adds a gradient scaler)")

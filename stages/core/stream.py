@@ -35,8 +35,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from stages.artifacts import PREPARED_BASE, check_finite_x, check_no_nulls, prepared_meta
-from stages.io import ArtifactError, _open_parquet, read_parquet
+from stages.core.artifacts import PREPARED_BASE, check_finite_x, check_no_nulls, prepared_meta
+from stages.core.io import ArtifactError, _open_parquet, read_parquet
 
 SLICE_BYTES = 4 << 20
 """A row group's `x` is decoded in slices of about this many bytes of values."""
@@ -172,7 +172,7 @@ class PreparedFile:
 
 def read_parquet_x_type(path: Path, want: pa.DataType) -> None:
     """`x` must be present with the type the metadata declares (checked from the footer alone)."""
-    from stages.io import read_parquet_schema
+    from stages.core.io import read_parquet_schema
 
     got = read_parquet_schema(path)
     if "x" not in got.names:

@@ -25,7 +25,7 @@ T_co = TypeVar("T_co", covariant=True)
 class Runtime:
     """The resolved `runtime` section: where and how this process's torch work runs.
 
-    `configure(params)` resolves it at the start of a stage, before any data is read (asking for
+    `stages.core.config.configure_runtime(params)` resolves it at the start of a stage, before any data is read (asking for
     CUDA where there is none is a one-line ConfigError there); `setup_torch` applies it; the
     training loop and the batched forward passes read it back with `current()`.
     """
@@ -94,7 +94,7 @@ def resolve(cfg: Any, key: str = "runtime") -> Runtime:
     """
     import torch
 
-    from stages.schema import ConfigError
+    from stages.core.schema import ConfigError
 
     device = cfg.device
     if device == "auto":
@@ -114,18 +114,6 @@ def resolve(cfg: Any, key: str = "runtime") -> Runtime:
         raise ConfigError(f"{key}.precision=bf16: {torch.cuda.get_device_name(device)} has no bf16 support; use fp16 or fp32")
     threads = cfg.threads or available_cores()
     return Runtime(device, cfg.precision, threads, cfg.deterministic, cfg.stream, cfg.shuffle_buffer, cfg.workers)
-
-
-def configure(params: Any, key: str = "runtime") -> Runtime:
-    """Resolve the `runtime` section of `params` (conf/'s defaults where a hand-written params file
-    has none) and make it this process's: call it first in a stage, before reading any data."""
-    from omegaconf import OmegaConf
-
-    from stages.config import defaults, section
-    from stages.settings import RuntimeConfig
-
-    cfg = section(params, key, RuntimeConfig) if OmegaConf.select(params, key) is not None else defaults("runtime", "default")
-    return use(resolve(cfg, key))
 
 
 def use(runtime: Runtime) -> Runtime:

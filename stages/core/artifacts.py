@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stages.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
+from stages.core.io import ArtifactError, fixed_list_to_numpy, read_metadata, read_parquet
 
 SPLITS = ("train", "val", "test_id", "test_ood")
 DATA = Path("data")

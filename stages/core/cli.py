@@ -9,26 +9,9 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
-from stages.schema import ConfigError, seed_problem
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a usage error on one line, exit 2: `<name>: error: <what>; usage: ...`.
-
-    Every command line of the project (the stages, `stages.config`, `pipeline.sweep`,
-    `pipeline.inspect`) uses it, so each refusal a user can cause is one line, no traceback.
-    """
-
-    def __init__(self, *args: object, name: str, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.name = name
-
-    def error(self, message: str) -> NoReturn:
-        usage = " ".join(self.format_usage().split())
-        self.exit(2, f"{self.name}: error: {message}; {usage} (--help for more)\n")
-
+from stages.core.console import ArgumentParser
+from stages.core.schema import ConfigError, seed_problem
 
 # What to lower when a stage's config asks for more memory than the machine has.
 _MEMORY_HINTS = {
@@ -79,8 +62,8 @@ def stage_main(
     `run(params, *positionals)` returns the summary line. Config and artifact errors
     print one clear line on stderr and exit 2 without a traceback.
     """
-    from stages.config import PARAMS, load_params
-    from stages.io import ArtifactError, StageInterrupted
+    from stages.core.config import PARAMS, load_params
+    from stages.core.io import ArtifactError, StageInterrupted
 
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = bool({"-h", "--help"} & set(argv))  # the epilog imports every method's module
@@ -105,7 +88,7 @@ def stage_main(
     except (ConfigError, ArtifactError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
-    except StageInterrupted as e:  # stopped cleanly, resumable (see stages/checkpoint.py)
+    except StageInterrupted as e:  # stopped cleanly, resumable (see stages/core/checkpoint.py)
         print(f"{name}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
@@ -149,7 +132,7 @@ def check_name(what: str, name: str) -> str:
 
 
 def parse_seed(seed: str | int) -> int:
-    """The positional seed as an int in [0, 2**32 - 1] (stages.schema.SEED_MAX; ConfigError otherwise)."""
+    """The positional seed as an int in [0, 2**32 - 1] (stages.core.schema.SEED_MAX; ConfigError otherwise)."""
     if isinstance(seed, str) and not re.fullmatch(r"[+-]?[0-9]+", seed.strip()):
         raise ConfigError(f"seed must be an integer, got '{seed}'")
     value = int(seed)

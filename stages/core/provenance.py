@@ -19,7 +19,7 @@ predictions and metrics) carry one record, `record(...)`:
                    model.safetensors, the pretrain stage's encoder.safetensors and
                    embeddings.parquet); paths relative to the workspace
 
-It lives under the key `provenance` (stages.io.PROVENANCE) of each artifact's metadata: the
+It lives under the key `provenance` (stages.core.io.PROVENANCE) of each artifact's metadata: the
 shiftlab JSON header of model.safetensors / encoder.safetensors, config.json, the Parquet
 file metadata of predictions and embeddings, and the metrics JSON. It holds no timestamp and
 no absolute path, so the same params and seed still give byte-identical files.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stages.io import PROVENANCE, ArtifactError, read_json, read_metadata, read_weights_meta
+from stages.core.io import PROVENANCE, ArtifactError, read_json, read_metadata, read_weights_meta
 
 FIELDS = ("dataset", "model", "kind", "seed", "stage", "config_sha256", "inputs")
 

@@ -16,10 +16,10 @@ A single `test_ood` number is one point of a curve. This module draws the curve 
   proportions, so the first point is the expected accuracy under the training distribution
   (what `test_id` estimates); at t = 1 it is the prior-weighted accuracy on the examples
   whose attribute disagrees with the label. Intervals: percentile bootstrap over the pooled
-  examples, stratified by group (seeded; `stages.metrics.bootstrap_indices`), every step
+  examples, stratified by group (seeded; `stages.evaluation.metrics.bootstrap_indices`), every step
   scored on the same resamples.
 - **regenerate** (a generated dataset whose kind registers a `regenerate` route,
-  stages/registry.py): fresh examples are drawn from the dataset's own generator at each
+  stages/core/registry.py): fresh examples are drawn from the dataset's own generator at each
   step's agreement rate and scored by the model.
 
 Both estimate the same population curve; tests/test_shift.py checks that they agree.
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.metrics import bootstrap_indices, group_accuracy_rows, percentile_interval
+from stages.evaluation.metrics import bootstrap_indices, group_accuracy_rows, percentile_interval
 
 # Stream index of the regenerate route's draws, kept apart from the generator's split streams.
 REGENERATE_STREAM = 1000
@@ -246,12 +246,11 @@ def regenerated_curve(
     """The regenerate route: n fresh examples per agreement rate from generator config `cfg`.
 
     The draws come from the `regenerate(cfg, n, rho, rng) -> (y, a, x)` route that `cfg.kind`
-    registered (stages/registry.py); step k uses `default_rng([cfg.seed, REGENERATE_STREAM, k])`,
+    registered (stages/core/registry.py); step k uses `default_rng([cfg.seed, REGENERATE_STREAM, k])`,
     so the draws are reproducible and independent of the stored splits. Returns one row per
     step {step, rho, n, acc, worst_group_acc} (worst group over the groups present in the draw).
     """
-    from stages import registry
-
+    from stages.core import registry
     regenerate = registry.dataset(cfg.kind).regenerate
     if regenerate is None:
         raise ValueError(f"dataset kind '{cfg.kind}' has no regenerate route (use the reweight route)")

@@ -25,7 +25,7 @@ def option(text: str) -> Any:
 
 
 # Checkpoint selection criteria, and the split each scores (the metric is in
-# stages.models.training.SELECTION_METRIC).
+# stages.models.history.SELECTION_METRIC).
 SELECTIONS = ("val_avg", "val_worst_group", "oracle")
 OPTIMIZERS = ("adamw", "sgd")
 """The optimisers of the shared training loop (stages/models/training.py `make_optimizer`)."""

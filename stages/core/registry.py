@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stages.schema import ConfigError
+from stages.core.schema import ConfigError
 
 METHOD_PACKAGE = "stages.models"
 DATASET_PACKAGE = "stages.datasets"
@@ -86,7 +86,7 @@ class DatasetSpec:
     load: Callable[..., str] | None
     text: bool  # the prepared file has a `text` column
     # (cfg, n, rho, rng) -> (y, a, x): n examples drawn afresh at label-attribute agreement
-    # rho, for evaluate's exact shift curve (stages/shift.py); None = reweighting only.
+    # rho, for evaluate's exact shift curve (stages/evaluation/shift.py); None = reweighting only.
     regenerate: Callable[..., Any] | None
     module: str
 
@@ -120,7 +120,7 @@ def register_method(
     "pretrained" means the method reads data/pretrained/<dataset>/. `upstream`: the name of a
     config key whose value, unless "pretrained", names another method (of run.methods) whose
     trained model, same dataset and seed, the method reads. `streams`: its train reads the prepared
-    file row group by row group when runtime.stream is on (stages/stream.py); the others read it
+    file row group by row group when runtime.stream is on (stages/core/stream.py); the others read it
     whole either way."""
     keys = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else set()
     if pretrained not in PRETRAINED and pretrained not in keys:

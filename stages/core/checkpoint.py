@@ -9,7 +9,7 @@ one file holding everything the loop needs to continue as if it had never stoppe
 optimiser and loss state (GroupDRO's q), the best-so-far selected state, every RNG state
 (torch's global one and the loop's generator as uint8 tensors; Python's and numpy's as JSON
 ints) and, in the JSON header, the epoch, the history rows and the selection so far. It is
-safetensors + JSON written through `stages.io.save_weights` (temp file + rename), so it is
+safetensors + JSON written through `stages.core.io.save_weights` (temp file + rename), so it is
 never half-written and never unpickled. The last `KEEP` checkpoints are kept.
 
 Each checkpoint records a fingerprint: a hash of the stage's resolved config, of its input
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.io import ArtifactError, load_weights, save_weights
+from stages.core.io import ArtifactError, load_weights, save_weights
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,7 @@ def code_hash(paths: Iterable[str | os.PathLike[str]]) -> str:
     """Hash of source files (named relative to the repo, so any checkout agrees) and the torch version."""
     import torch
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return hashlib.sha256(f"{file_hash(paths, root)} torch {torch.__version__}".encode()).hexdigest()
 
 

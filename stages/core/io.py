@@ -484,7 +484,7 @@ def write_text(text: str, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-# The key of an artifact's provenance record (stages/provenance.py) in its metadata: the
+# The key of an artifact's provenance record (stages/core/provenance.py) in its metadata: the
 # safetensors header's shiftlab JSON, config.json, Parquet file metadata, the metrics JSON.
 PROVENANCE = "provenance"
 
@@ -497,7 +497,7 @@ def save_weights(
 ) -> Path:
     """Save torch tensors as safetensors (never pickle), with `meta` as JSON in the header.
 
-    `provenance` (stages/provenance.py) goes into the same JSON under PROVENANCE: safetensors
+    `provenance` (stages/core/provenance.py) goes into the same JSON under PROVENANCE: safetensors
     writes its header's string map in hash order, so a single key keeps the bytes deterministic.
     """
     from safetensors.torch import save_file

@@ -1,0 +1,25 @@
+"""The one-line command line every shiftlab command shares (the stages, `stages.core.config`,
+`pipeline.flows`, `pipeline.sweep`, `pipeline.inspect`): a usage error is one line.
+
+It imports nothing of the project, so any layer may use it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a usage error on one line, exit 2: `<name>: error: <what>; usage: ...`.
+
+    Every command line of the project (the stages, `stages.core.config`, `pipeline.sweep`,
+    `pipeline.inspect`) uses it, so each refusal a user can cause is one line, no traceback.
+    """
+
+    def __init__(self, *args: object, name: str, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.name = name
+
+    def error(self, message: str) -> NoReturn:
+        usage = " ".join(self.format_usage().split())
+        self.exit(2, f"{self.name}: error: {message}; {usage} (--help for more)\n")

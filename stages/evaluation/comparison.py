@@ -1,0 +1,471 @@
+"""The report's numbers: every run's metrics and predictions read back and checked, per model
+summaries over seeds (means, intervals, shift curves, paired tests against the best, effective
+robustness against a reference family) and each dataset's regime against what was observed.
+
+stages/reporting/render.py turns them into tables and figures; stages/report.py writes them.
+Nothing here formats a page, so tests and benchmarks can call it directly.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stages.core import provenance, registry
+from stages.core.artifacts import (
+    LEADERBOARD_SCHEMA,
+    SPLITS,
+    metrics_path,
+    plots_dir,
+    predictions_path,
+    predictions_schema,
+    prepared_path,
+)
+from stages.core.io import (
+    ArtifactError,
+    fixed_list_to_numpy,
+    fixed_precision,
+    read_json,
+    read_metadata,
+    read_parquet,
+)
+from stages.core.settings import STUDENT_SUFFIX, EvaluateConfig
+from stages.evaluation.metrics import (
+    RobustnessBaseline,
+    bootstrap_ci,
+    paired_bootstrap,
+    reliability,
+    robustness_baseline,
+    softmax,
+)
+from stages.evaluation.regime import describe, expected_use, parse_separation
+from stages.evaluation.shift import REGENERATE_ROUTE, reweighted_curve, shift_axis
+
+METRIC_KEYS = ("acc", "worst_group_acc", "avg_acc_weighted", "balanced_acc", "ece", "nll", "brier")
+
+
+# Metrics that may legitimately be null (see docs/metrics.md); the leaderboard stores NaN.
+NULLABLE = frozenset({"avg_acc_weighted"})
+
+
+def model_type(info: dict[str, Any]) -> str:
+    """'generative' or 'discriminative' (naming a student's teacher) from a metrics file's model_config."""
+    kind = info.get("kind")
+    if kind is None:
+        return "?"
+    teacher = info.get("teacher")
+    if teacher:  # a distilled student is an MLP
+        return f"discriminative (student of {teacher})"
+    spec = registry.find_method(kind)
+    return "generative" if spec is not None and spec.generative else "discriminative"
+
+
+def evaluate_stage(dataset: str, model: str, seed: int) -> str:
+    """The DVC stage that writes one metrics file."""
+    return f"evaluate@{dataset}-{model}-{seed}"
+
+
+def evaluated_as(dataset: str, model: str, seed: int) -> provenance.Expected:
+    """What a run's predictions and metrics must record as their provenance (stages/core/provenance.py)."""
+    return provenance.Expected(dataset, evaluate_stage(dataset, model, seed), model, seed, verb="evaluated", role="with model")
+
+
+def check_metrics(m: Any, path: str, dataset: str, model: str, seed: int) -> dict[str, Any]:
+    """Check one metrics JSON has what the report reads; errors name the file and the key."""
+    if not isinstance(m, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    for key, want in (("dataset", dataset), ("model", model), ("seed", seed)):
+        if m.get(key) != want:
+            raise ArtifactError(
+                f"{path}: '{key}' is {m.get(key)!r}, expected {want!r} (stale file? run `dvc repro {evaluate_stage(dataset, model, seed)}`)"
+            )
+    provenance.check(path, m.get(provenance.PROVENANCE), evaluated_as(dataset, model, seed))
+    splits = m.get("splits")
+    if not isinstance(splits, dict):
+        raise ArtifactError(f"{path}: missing 'splits'")
+    for split in SPLITS:
+        if not isinstance(splits.get(split), dict):
+            raise ArtifactError(f"{path}: missing 'splits.{split}'")
+        for key in ("n", *METRIC_KEYS):
+            value = splits[split].get(key, "missing")
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok and not (value is None and key in NULLABLE):
+                raise ArtifactError(
+                    f"{path}: 'splits.{split}.{key}' must be a number, got {value!r}"
+                )
+    return m
+
+
+def load_metrics(
+    datasets: Sequence[str], models: Sequence[str], seeds: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Read and check every metrics file of the run, in dataset, model, seed order."""
+    wanted = [(d, m, s) for d in datasets for m in models for s in seeds]
+    missing = [w for w in wanted if not metrics_path(*w).is_file()]
+    if missing:
+        d, m, s = missing[0]
+        more = f"; {len(missing) - 1} more metrics files are missing" if len(missing) > 1 else ""
+        raise ArtifactError(
+            f"{metrics_path(d, m, s)}: metrics file not found (run `dvc repro {evaluate_stage(d, m, s)}`){more}"
+        )
+    return [check_metrics(read_json(metrics_path(*w)), str(metrics_path(*w)), *w) for w in wanted]
+
+
+def number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def run_convergence(m: dict[str, Any]) -> dict[str, Any]:
+    """A run's under-training check (`stages.models.history.convergence`, recorded by train or
+    distill in config.json, copied by evaluate into `model_config`); "n/a" when absent (a model
+    fitted without epochs)."""
+    record = (m.get("model_config") or {}).get("convergence")
+    if not isinstance(record, dict) or record.get("flag") is None:
+        return {"flag": "n/a", "improvement": None}
+    return record
+
+
+def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
+    """One row per dataset × model × seed × split, sorted by those keys (splits in contract order)."""
+    rows = [
+        {
+            "dataset": m["dataset"],
+            "model": m["model"],
+            "seed": int(m["seed"]),
+            "split": split,
+            "n": int(m["splits"][split]["n"]),
+            **{key: number(m["splits"][split][key]) for key in METRIC_KEYS},
+            "convergence": str(run_convergence(m)["flag"]),
+            "convergence_improvement": run_convergence(m).get("improvement"),
+        }
+        for m in metrics
+        for split in SPLITS
+    ]
+    rows.sort(key=lambda r: (r["dataset"], r["model"], r["seed"], SPLITS.index(r["split"])))
+    columns = {f.name: pa.array([r[f.name] for r in rows], f.type) for f in LEADERBOARD_SCHEMA}
+    return pa.table(columns, schema=LEADERBOARD_SCHEMA)
+
+
+# Bootstrap streams of the report: [bootstrap_seed, REPORT_STREAM + k], apart from evaluate's.
+REPORT_STREAM = 100
+
+
+PHASE_PATH = Path("data/phase/phase.json")
+
+
+@dataclass
+class RunData:
+    """What the report reads from one run's predictions file (and its regenerate curve)."""
+
+    split: np.ndarray
+    y: np.ndarray
+    a: np.ndarray
+    g: np.ndarray
+    logits: np.ndarray
+    regenerate: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def correct(self) -> np.ndarray:
+        return self.logits.argmax(axis=1) == self.y
+
+
+def load_run_data(dataset: str, model: str, seed: int, n_classes: int) -> RunData:
+    """Read one run's predictions (and its regenerate shift curve, if evaluate wrote one)."""
+    path = predictions_path(dataset, model, seed)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: predictions file not found (run `dvc repro {evaluate_stage(dataset, model, seed)}`)")
+    provenance.check_file(path, evaluated_as(dataset, model, seed))
+    t = read_parquet(path, predictions_schema(n_classes))
+    curve_file = plots_dir(dataset, model, seed) / "shift_curve.json"
+    rows = read_json(curve_file) if curve_file.is_file() else []
+    if not isinstance(rows, list):
+        raise ArtifactError(f"{curve_file}: expected a JSON list of rows")
+    return RunData(
+        split=np.asarray(t.column("split").to_pylist(), dtype=object),
+        y=t.column("y").to_numpy(),
+        a=t.column("a").to_numpy(),
+        g=t.column("g").to_numpy(),
+        logits=fixed_list_to_numpy(t.column("logits")),
+        regenerate=[r for r in rows if isinstance(r, dict) and r.get("route") == REGENERATE_ROUTE],
+    )
+
+
+def ordered(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def model_config(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return runs[0].get("model_config") or {}
+
+
+@dataclass
+class ModelSummary:
+    """Everything the report says about one model of one dataset (seed means and intervals)."""
+
+    model: str
+    info: dict[str, Any]
+    seeds: int
+    id_acc: list[float]
+    ood_acc: list[float]
+    wga: list[float]
+    ece: list[float]
+    wga_ci: list[float] | None = None
+    ood_acc_ci: list[float] | None = None
+    shift_rows: list[dict[str, Any]] = field(default_factory=list)
+    shift: dict[str, Any] = field(default_factory=dict)
+    regenerate: list[dict[str, Any]] = field(default_factory=list)
+    seed_ids: list[int] = field(default_factory=list)
+    # Per seed: OOD acc minus the reference baseline at its ID acc; the mean (None: n/a).
+    effective_robustness_seeds: list[float] = field(default_factory=list)
+    effective_robustness: float | None = None
+    vs_best: dict[str, Any] | None = None
+    groups: dict[str, float | None] = field(default_factory=dict)
+    reliability: list[dict[str, Any]] = field(default_factory=list)
+    cost: dict[str, Any] | None = None
+    convergence: list[dict[str, Any]] = field(default_factory=list)  # per seed: `run_convergence`
+
+    def mean(self, key: str) -> float:
+        return statistics.fmean(getattr(self, key))
+
+    @property
+    def used_shortcut(self) -> bool | None:
+        ci = self.shift.get("gap_ci") or [None, None]
+        return None if ci[0] is None else bool(ci[0] > 0)
+
+
+def summarise_model(
+    dataset: str, model: str, runs: list[dict[str, Any]], data: list[RunData] | None, boot: EvaluateConfig, k: int
+) -> ModelSummary:
+    ms = ModelSummary(
+        model=model,
+        info=model_config(runs),
+        seeds=len(runs),
+        id_acc=[r["splits"]["test_id"]["acc"] for r in runs],
+        ood_acc=[r["splits"]["test_ood"]["acc"] for r in runs],
+        wga=[r["splits"]["test_ood"]["worst_group_acc"] for r in runs],
+        ece=[r["splits"]["test_ood"]["ece"] for r in runs],
+        cost=runs[0].get("cost"),
+        convergence=[run_convergence(r) for r in runs],
+        seed_ids=[int(r["seed"]) for r in runs],
+    )
+    n_attrs = int(runs[0]["n_attrs"])
+    n_groups = int(runs[0]["n_classes"]) * n_attrs
+    group_ids = [str(i) for i in range(n_groups)]
+    for gid in group_ids:
+        accs = [r["splits"]["test_ood"]["groups"].get(gid, {}).get("acc") for r in runs]
+        accs = [a for a in accs if a is not None]
+        ms.groups[gid] = statistics.fmean(accs) if accs else None
+    if not data:
+        return ms
+    ood = data[0].split == "test_ood"
+    correct = np.stack([d.correct for d in data])
+    if boot.bootstrap_resamples > 0:
+        ci = bootstrap_ci(correct[:, ood], data[0].g[ood], n_groups, boot.bootstrap_resamples, [boot.bootstrap_seed, REPORT_STREAM + k])
+        ms.wga_ci, ms.ood_acc_ci = ci["worst_group_acc"], ci["acc"]
+    train = data[0].split == "train"
+    pool = np.isin(data[0].split, ("test_id", "test_ood"))
+    steps = int(runs[0].get("shift", {}).get("steps", 11))
+    axis = shift_axis(data[0].y[train], data[0].a[train], int(runs[0]["n_classes"]), steps)
+    ms.shift_rows, ms.shift = reweighted_curve(
+        correct[:, pool], data[0].y[pool], data[0].a[pool], axis, n_attrs,
+        boot.bootstrap_resamples, [boot.bootstrap_seed, REPORT_STREAM + k, 1],
+    )
+    # Regenerate route: seed mean per step.
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for d in data:
+        for r in d.regenerate:
+            by_step.setdefault(int(r["step"]), []).append(r)
+    ms.regenerate = [
+        {"step": s, "rho": rows[0]["rho"], "acc": statistics.fmean(r["acc"] for r in rows),
+         "worst_group_acc": statistics.fmean(r["worst_group_acc"] for r in rows)}
+        for s, rows in sorted(by_step.items()) if len(rows) == len(data)
+    ]
+    conf_logits = np.concatenate([d.logits[ood] for d in data])
+    p = softmax(conf_logits)
+    pred = conf_logits.argmax(axis=1)
+    ys = np.concatenate([d.y[ood] for d in data])
+    bins = int(runs[0].get("ece_bins", 15))
+    ms.reliability = [b for b in reliability(p[np.arange(len(pred)), pred], pred == ys, bins) if b["n"]]
+    return ms
+
+
+def dataset_summaries(
+    dataset: str, runs: list[dict[str, Any]], data: dict[tuple[str, str, int], RunData] | None, boot: EvaluateConfig
+) -> tuple[list[ModelSummary], dict[str, Any]]:
+    """Per-model summaries of one dataset, with effective robustness and paired tests vs the best."""
+    models = ordered([m["model"] for m in runs])
+    summaries = []
+    for k, model in enumerate(models):
+        mine = [m for m in runs if m["model"] == model]
+        d = [data[(dataset, model, int(m["seed"]))] for m in mine] if data is not None else None
+        summaries.append(summarise_model(dataset, model, mine, d, boot, k))
+    er = effective_robustness_reference(summaries, boot.er_reference)
+    # The line is a least-squares solve (BLAS: its last bits depend on the CPU); see at_written_precision.
+    er = replace(er, baseline=replace(er.baseline, fit=fixed_precision(er.baseline.fit)))
+    if er.baseline.fit is not None:
+        for s in summaries:
+            s.effective_robustness_seeds = [
+                float(er.baseline.effective_robustness(i, o)) for i, o in zip(s.id_acc, s.ood_acc, strict=True)
+            ]
+            s.effective_robustness = statistics.fmean(s.effective_robustness_seeds)
+    # max() keeps the first of equal values, so ties go to the earlier model in the table.
+    best = max(summaries, key=lambda s: s.mean("wga"))
+    extra: dict[str, Any] = {"best": best.model, "er": er}
+    if data is not None and boot.bootstrap_resamples > 0:
+        first = data[(dataset, runs[0]["model"], int(runs[0]["seed"]))]
+        ood = first.split == "test_ood"
+        n_groups = int(runs[0]["n_classes"]) * int(runs[0]["n_attrs"])
+
+        def correct(model: str) -> np.ndarray:
+            return np.stack([data[(dataset, model, int(m["seed"]))].correct[ood] for m in runs if m["model"] == model])
+
+        g = first.g[ood]
+        for j, s in enumerate(summaries):
+            if s is best:
+                continue
+            s.vs_best = paired_bootstrap(
+                correct(s.model), correct(best.model), g, n_groups, boot.bootstrap_resamples,
+                [boot.bootstrap_seed, REPORT_STREAM + 50 + j],
+            )["worst_group_acc"]
+    return [at_written_precision(s) for s in summaries], extra
+
+
+def at_written_precision(s: ModelSummary) -> ModelSummary:
+    """`s` with every float at the fixed precision the report writes (stages.core.io.fixed_precision):
+    the tables, figures, summary.json and plot data are all drawn from the same rounded numbers,
+    so their last bits (summation order, SIMD kernels) cannot differ from one machine to another."""
+    return replace(s, **{f.name: fixed_precision(getattr(s, f.name)) for f in fields(s)})
+
+
+def id_ood_drop(s: ModelSummary) -> float:
+    """ID→OOD accuracy drop (seed mean): how much the model lost when the correlation broke."""
+    return s.mean("id_acc") - s.mean("ood_acc")
+
+
+def regime_note(
+    separation: dict[str, Any] | None, source: str | None, summaries: list[ModelSummary], reference: Sequence[str]
+) -> tuple[str, dict[str, Any]]:
+    """The dataset's regime (prepared metadata `separation`), what it predicts, and what this run
+    observed: the ID→OOD accuracy drop of the generative models against the discriminative
+    reference family (`evaluate.er_reference`, as for effective robustness). Returns the
+    markdown line and its numbers for summary.json."""
+    numbers: dict[str, Any] = {}
+    if separation is None:
+        head = ("**Regime**: not recorded (the prepared file predates `separation`; "
+                "re-run `dvc repro -f prepare@<dataset>`).")
+    else:
+        numbers.update({"separation_cue": separation.get("cue"), "separation_core": separation.get("core")})
+        head = f"**Regime** ({'closed form' if source == 'closed_form' else 'estimated on train'}): {describe(separation)}."
+    generative = [s for s in summaries if model_type(s.info) == "generative"]
+    ref = [s for s in summaries if s.model in reference]
+    if not generative or not ref:
+        missing = "generative model" if not generative else "model of the reference family"
+        return f"{head} **Observed**: n/a (this run has no {missing}).", numbers
+    gen, disc = statistics.fmean(id_ood_drop(s) for s in generative), statistics.fmean(id_ood_drop(s) for s in ref)
+    numbers.update({"drop_generative": gen, "drop_reference": disc})
+
+    def listing(group: list[ModelSummary]) -> str:
+        return ", ".join(f"{s.model} {id_ood_drop(s):.3f}" for s in group)
+
+    observed = "more" if gen > disc else "less" if gen < disc else "as much"
+    verdict = ""
+    expected = expected_use(separation)
+    if expected in ("more", "less") and observed != "as much":
+        verdict = " — as predicted." if expected == observed else " — contrary to the prediction."
+    text = (
+        f"{head} **Observed** (ID→OOD accuracy drop, seed mean): generative {gen:.3f} ({listing(generative)}) "
+        f"vs discriminative reference {disc:.3f} ({listing(ref)}): the generative classifiers lost {observed}"
+        f"{verdict or '.'}"
+    )
+    return text, numbers
+
+
+@dataclass
+class ERReference:
+    """One dataset's effective-robustness baseline and the reference family it came from."""
+
+    reference: list[str]  # evaluate.er_reference, in its order
+    present: list[str]  # of those, the models in this run
+    baseline: RobustnessBaseline
+
+    @property
+    def absent(self) -> list[str]:
+        return [m for m in self.reference if m not in self.present]
+
+    def family(self) -> str:
+        return ", ".join(self.reference) if self.reference else "(empty)"
+
+    def note(self) -> str:
+        """The line under a dataset's table that says how `eff. robustness` was computed."""
+        head = (
+            f"**eff. robustness**: the baseline is a line on logit axes, logit(OOD acc) = a + b · logit(ID acc), "
+            f"fitted by least squares through the (model, seed) points of the reference family {self.family()} "
+            f"(`evaluate.er_reference`)"
+        )
+        fit = self.baseline.fit
+        text = (
+            f"{head}: {self.baseline.n_points} points, a = {fit[0]:+.3f}, b = {fit[1]:.3f}; "
+            "a model's value is its OOD acc minus the line's at its ID acc (mean over seeds)."
+            if fit is not None
+            else f"{head}. **n/a** here: {self.baseline.reason}."
+        )
+        if self.absent:
+            text += f" Not in this run: {', '.join(self.absent)}."
+        return text
+
+
+def effective_robustness_reference(summaries: list[ModelSummary], reference: Sequence[str]) -> ERReference:
+    """The logit-linear baseline through every (model, seed) point of the reference models in the run."""
+    ref = list(reference)
+    present = [m for m in ref if any(s.model == m for s in summaries)]
+    chosen = [s for s in summaries if s.model in ref]
+    ids = [v for s in chosen for v in s.id_acc]
+    oods = [v for s in chosen for v in s.ood_acc]
+    return ERReference(ref, present, robustness_baseline(ids, oods))
+
+
+def distill_pairs(summaries: list[ModelSummary]) -> list[tuple[ModelSummary, ModelSummary]]:
+    by_name = {s.model: s for s in summaries}
+    pairs = []
+    for s in summaries:
+        teacher = s.info.get("teacher") or (s.model.removesuffix(STUDENT_SUFFIX) if s.model.endswith(STUDENT_SUFFIX) else None)
+        if teacher and teacher in by_name and s.model != teacher:
+            pairs.append((by_name[teacher], s))
+    return pairs
+
+
+def phase_wins(cells: list[dict[str, Any]]) -> tuple[int, int]:
+    """(cells the generative classifier wins, cells the discriminative one wins): the sign of
+    `diff` = generative − discriminative worst-group OOD accuracy."""
+    return sum(c["diff"] > 0 for c in cells), sum(c["diff"] < 0 for c in cells)
+
+
+def load_phase(path: Path = PHASE_PATH) -> list[dict[str, Any]]:
+    """The phase stage's cells ([] when the file is absent or empty)."""
+    if not path.is_file():
+        return []
+    cells = read_json(path)
+    if not isinstance(cells, list):
+        raise ArtifactError(f"{path}: expected a JSON list of cells")
+    return cells
+
+
+def load_regime(dataset: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(separation, separation_source) from the prepared file's metadata (None, None when absent)."""
+    path = prepared_path(dataset)
+    meta = read_metadata(path)
+    try:
+        return parse_separation(meta.get("separation")), meta.get("separation_source")
+    except ValueError as e:
+        raise ArtifactError(f"{path}: {e}") from None

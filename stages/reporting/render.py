@@ -1,0 +1,575 @@
+"""The report's pages: markdown and self-contained HTML tables, the figures (inline SVG) and their
+plot data, built from the numbers of stages/evaluation/comparison.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stages.core.config import defaults
+from stages.core.io import (
+    fixed_precision,
+)
+from stages.core.settings import EvaluateConfig
+from stages.evaluation.comparison import (
+    ERReference,
+    ModelSummary,
+    RunData,
+    dataset_summaries,
+    distill_pairs,
+    effective_robustness_reference,
+    leaderboard,
+    mean_sd,
+    model_type,
+    ordered,
+    phase_wins,
+    regime_note,
+)
+from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
+from stages.reporting import figures
+
+
+def _fmt(values: list[float]) -> str:
+    mean, sd = mean_sd(values)
+    return f"{mean:.3f}" if sd is None else f"{mean:.3f} ± {sd:.3f}"
+
+
+INTRO = """\
+# shiftlab report
+
+Every training split carries a spurious correlation: an attribute *a* (a colour, a marker,
+a second feature) that agrees with the label *y* far more often than chance. `test_id`
+keeps that correlation, `test_ood` reverses it. A classifier that learned the shortcut does
+well in distribution and badly out of it.
+
+One table per dataset, one row per model (mean over seeds; ± the sample sd when there are
+two or more seeds; [brackets]: 95% bootstrap interval over test examples):
+
+- **type**: *generative* (argmax_y log p(x|y) + log p(y)) or *discriminative*; **selection**:
+  the rule that picked the checkpoint (— when there was nothing to pick).
+- **ID acc** / **OOD acc**: accuracy on `test_id` / `test_ood`.
+- **worst-group acc**: the lowest accuracy over the (class, attribute) groups of `test_ood`.
+- **shortcut gap**: accuracy under the training group mix minus accuracy when the
+  correlation is fully reversed (the two ends of the shift curve). **used shortcut**: *yes*
+  when the gap's interval lies above 0.
+- **ECE**: expected calibration error on `test_ood`.
+- **eff. robustness**: OOD accuracy minus what the model's ID accuracy predicts from a
+  reference family of standard models (`evaluate.er_reference`, named under each table): a
+  line fitted on logit axes through their (model, seed) points; *n/a* with fewer than 3.
+- **vs best**: worst-group accuracy minus the best model's, paired bootstrap over the same
+  test examples; *significant* only when its interval excludes 0.
+- **training**: *may be under-trained* when the model's own training objective on `val` still
+  improved by more than 1% over the last 20% of its epochs (at least 2), else *plateaued*; the
+  figure is that improvement (the largest over seeds). *n/a*: fitted without epochs.
+
+Exact definitions: `docs/metrics.md`. Every seed and split is in `data/reports/leaderboard.parquet`.
+"""
+
+
+def _ci(ci: Sequence[float | None] | None) -> str:
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken at spaces (a longer word is cut)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word[:width])
+    return lines
+
+
+def _fmt_er(s: ModelSummary) -> str:
+    if s.effective_robustness is None:
+        return "n/a"
+    sd = statistics.stdev(s.effective_robustness_seeds) if len(s.effective_robustness_seeds) > 1 else None
+    return f"{s.effective_robustness:+.3f}" + ("" if sd is None else f" ± {sd:.3f}")
+
+
+def _convergence_cell(s: ModelSummary) -> str:
+    """The under-training flag of a model: flagged if any seed is, with the largest improvement of
+    the val objective over the check's window (and how many seeds were flagged, of several)."""
+    checked = [c for c in s.convergence if c["flag"] != "n/a"]
+    if not checked:
+        return "n/a"
+    flagged = [c for c in checked if c["flag"] == "may be under-trained"]
+    top = max(float(c["improvement"]) for c in checked)
+    how = f"improved {top:.1%}" if top > 0 else "no improvement"
+    seeds = f", {len(flagged)}/{len(s.convergence)} seeds" if flagged and len(s.convergence) > 1 else ""
+    return f"**may be under-trained** ({how}{seeds})" if flagged else f"plateaued ({how})"
+
+
+def _fmt_vs_best(s: ModelSummary, best: str) -> str:
+    if s.model == best:
+        return "best"
+    if s.vs_best is None:
+        return "—"
+    v = s.vs_best
+    verdict = "significant" if v["significant"] else "not significant"
+    return f"{v['diff']:+.3f}{_ci(v['ci'])} {verdict}"
+
+
+def _shortcut_cell(s: ModelSummary) -> tuple[str, str]:
+    if not s.shift:
+        return "—", "—"
+    gap = s.shift.get("gap")
+    used = s.used_shortcut
+    return (
+        "—" if gap is None else f"{gap:.3f}{_ci(s.shift.get('gap_ci'))}",
+        "—" if used is None else ("**yes**" if used else "no"),
+    )
+
+
+def _table_rows(summaries: list[ModelSummary], best: str) -> list[list[str]]:
+    rows = []
+    for s in summaries:
+        gap, used = _shortcut_cell(s)
+        er = _fmt_er(s)
+        rows.append(
+            [
+                s.model, model_type(s.info), s.info.get("selection") or "—", _fmt(s.id_acc), _fmt(s.ood_acc),
+                _fmt(s.wga) + _ci(s.wga_ci), gap, used, _fmt(s.ece), er, _fmt_vs_best(s, best), _convergence_cell(s),
+                str(s.seeds),
+            ]
+        )
+    return rows
+
+
+HEADER = ["model", "type", "selection", "ID acc", "OOD acc", "worst-group acc", "shortcut gap",
+          "used shortcut", "ECE", "eff. robustness", "vs best (worst-group)", "training", "seeds"]
+
+
+def _takeaway(summaries: list[ModelSummary], best: str) -> str:
+    """Plain-language findings: the most robust model, who used the shortcut, what is significant."""
+    b = next(s for s in summaries if s.model == best)
+    text = f"**Takeaway:** best OOD worst-group accuracy: **{best}** ({b.mean('wga'):.3f})"
+    drops = {s.model: s.mean("id_acc") - s.mean("ood_acc") for s in summaries}
+    worst = max(drops, key=lambda m: drops[m])
+    if drops[worst] > 0:
+        w = next(s for s in summaries if s.model == worst)
+        text += (
+            f"; largest ID→OOD drop: **{worst}** ({w.mean('id_acc'):.3f} → {w.mean('ood_acc'):.3f}, "
+            f"−{drops[worst]:.3f}), the classifier that used the shortcut most."
+        )
+    else:
+        text += "; no model lost accuracy from ID to OOD."
+    used = [s.model for s in summaries if s.used_shortcut]
+    if any(s.shift for s in summaries):
+        text += f" Used the shortcut (gap interval above 0): {', '.join(used) if used else 'none'}."
+    tested = [s for s in summaries if s.vs_best is not None]
+    if tested:
+        same = [s.model for s in tested if not s.vs_best["significant"]]
+        text += (
+            f" Not significantly worse than {best}: {', '.join(same)}."
+            if same
+            else f" Every other model is significantly worse than {best} (paired bootstrap)."
+        )
+    return text
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _cost(s: ModelSummary) -> tuple[str, str]:
+    if not s.cost:
+        return "—", "—"
+    return f"{int(s.cost['parameters']):,}", f"{float(s.cost['macs_per_example']):,.0f}"
+
+
+def objective_figure(dataset: str, summaries: list[ModelSummary]) -> tuple[list[tuple[str, str, str]], list[dict[str, Any]]]:
+    """The val objective curve of every model trained by epochs (its first seed), relative to its
+    epoch-1 value, against the fraction of its epochs done: (figures, plot rows)."""
+    series, rows = [], []
+    for i, s in enumerate(summaries):
+        seed, c = next(((k, c) for k, c in zip(s.seed_ids or range(len(s.convergence)), s.convergence, strict=False)
+                        if c.get("val_objective")), (None, None))
+        if c is None or not c["val_objective"][0]:
+            continue
+        v = [float(x) for x in c["val_objective"]]
+        xs = [(e + 1) / len(v) for e in range(len(v))]
+        series.append({"label": f"{s.model} ({c['flag']})", "x": xs, "y": [x / v[0] for x in v], "color": figures.color(i)})
+        rows += [{"dataset": dataset, "series": s.model, "seed": seed, "epoch": e + 1, "fraction": x, "val_objective": val,
+                  "relative": val / v[0], "flag": c["flag"]} for e, (x, val) in enumerate(zip(xs, v, strict=True))]
+    if not series:
+        return [], rows
+    lo, hi = min(min(s["y"]) for s in series), max(max(s["y"]) for s in series)
+    pad = 0.05 * ((hi - lo) or 1.0)
+    caption = ("Each trained model's own training objective on val (cross-entropy, denoising loss, NLL per token, ...) "
+               "after every epoch, divided by its epoch-1 value, against the fraction of its epochs done (first seed). "
+               "A curve still falling over the last 20% of epochs (by more than 1%) is flagged 'may be under-trained' "
+               "in the table; closed-form models have no curve.")
+    chart = figures.line_chart(series, f"{dataset}: val objective during training", "fraction of training epochs",
+                               "val objective / epoch 1", y_range=(lo - pad, hi + pad))
+    return [(f"{dataset}-objective", caption, chart)], rows
+
+
+def _group_name(gid: int, n_attrs: int) -> str:
+    return f"y={gid // n_attrs},a={gid % n_attrs}"
+
+
+def dataset_figures(
+    dataset: str, summaries: list[ModelSummary], n_attrs: int, er: ERReference | None = None
+) -> tuple[list[tuple[str, str, str]], dict[str, list[dict[str, Any]]]]:
+    """(figures as (name, caption, svg), plot rows per figure) for one dataset; `er`: the
+    effective-robustness baseline drawn in the ID-vs-OOD figure (none without it)."""
+    figs: list[tuple[str, str, str]] = []
+    rows: dict[str, list[dict[str, Any]]] = {"groups": [], "shift_curve": [], "reliability": [], "distill": []}
+    gids = sorted(summaries[0].groups, key=int)
+    names = [_group_name(int(g), n_attrs) for g in gids]
+    figs.append(
+        (
+            f"{dataset}-groups",
+            "Accuracy on each (class y, attribute a) group of test_ood, seed mean. Groups whose attribute "
+            "disagrees with the label (a ≠ y) are the minority in training: a model that leans on the shortcut fails them.",
+            figures.bar_chart(names, [{"label": s.model, "values": [s.groups[g] for g in gids]} for s in summaries],
+                              f"{dataset}: per-group accuracy (test_ood)", "accuracy", "group"),
+        )
+    )
+    for s in summaries:
+        rows["groups"] += [{"dataset": dataset, "series": s.model, "group": n, "acc": s.groups[g]} for g, n in zip(gids, names, strict=True) if s.groups[g] is not None]
+    if any(s.shift_rows for s in summaries):
+        acc_series, wga_series = [], []
+        for i, s in enumerate(summaries):
+            xs = [r["rho"] for r in s.shift_rows]
+            acc_series.append({"label": s.model, "x": xs, "y": [r["acc"] for r in s.shift_rows],
+                               "lo": [r["acc_lo"] for r in s.shift_rows], "hi": [r["acc_hi"] for r in s.shift_rows], "color": figures.color(i)})
+            wga_series.append({"label": s.model, "x": xs, "y": [r["worst_group_acc"] for r in s.shift_rows], "color": figures.color(i)})
+            if s.regenerate:
+                acc_series.append({"label": f"{s.model} (regenerated)", "x": [r["rho"] for r in s.regenerate],
+                                   "y": [r["acc"] for r in s.regenerate], "color": figures.color(i), "markers_only": True, "legend": False})
+            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": REWEIGHT_ROUTE, **r} for r in s.shift_rows]
+            rows["shift_curve"] += [{"dataset": dataset, "series": s.model, "route": REGENERATE_ROUTE, **r} for r in s.regenerate]
+        regen = " Hollow circles: fresh data drawn from the generator at each agreement rate (the regenerate route)." if any(s.regenerate for s in summaries) else ""
+        figs.append(
+            (
+                f"{dataset}-shift",
+                "Accuracy as the label–attribute agreement moves from its training value (left) to fully reversed "
+                "(right), test examples re-weighted; bands are 95% bootstrap intervals." + regen,
+                figures.line_chart(acc_series, f"{dataset}: accuracy along the shift", "P(a = y): training value → reversed", "accuracy", x_reversed=True),
+            )
+        )
+        figs.append(
+            (
+                f"{dataset}-shift-wga",
+                "Worst-group accuracy along the same axis. Group accuracies do not change with the mix, so it is flat "
+                "until a group's weight reaches 0 at an end; accuracy (above) falls towards it.",
+                figures.line_chart(wga_series, f"{dataset}: worst-group accuracy along the shift", "P(a = y): training value → reversed", "worst-group accuracy", x_reversed=True),
+            )
+        )
+    if any(s.reliability for s in summaries):
+        series = [{"label": s.model, "x": [b["conf"] for b in s.reliability], "y": [b["acc"] for b in s.reliability], "color": figures.color(i)}
+                  for i, s in enumerate(summaries) if s.reliability]
+        lo = min(min(x["x"]) for x in series)
+        figs.append(
+            (
+                f"{dataset}-reliability",
+                "Reliability on test_ood, seeds pooled: mean confidence vs accuracy per confidence bin. "
+                "Below the diagonal = over-confident.",
+                figures.line_chart(series, f"{dataset}: reliability (test_ood)", "confidence", "accuracy",
+                                   y_range=(0.0, 1.0), diagonal=True) if lo < 1 else "",
+            )
+        )
+        for s in summaries:
+            rows["reliability"] += [{"dataset": dataset, "series": s.model, "conf": b["conf"], "acc": b["acc"], "n": b["n"]} for b in s.reliability]
+    er = er or effective_robustness_reference(summaries, [])
+    pts = [
+        {"x": i, "y": o, "series": s.model, "label": f"{s.model}, seed {k}: ID {i:.3f}, OOD {o:.3f}"}
+        for s in summaries
+        for k, i, o in zip(s.seed_ids or range(len(s.id_acc)), s.id_acc, s.ood_acc, strict=True)
+    ]
+    curve = None
+    if er.baseline.fit is not None:
+        lo, hi = min(p["x"] for p in pts), max(p["x"] for p in pts)
+        xs = [lo + (hi - lo) * i / 40 for i in range(41)]
+        curve = (xs, fixed_precision([float(v) for v in er.baseline.predict(np.asarray(xs))]))
+    what = "In-distribution vs out-of-distribution accuracy, one point per model and seed."
+    figs.append(
+        (
+            f"{dataset}-id-vs-ood",
+            f"{what} Dashed: the effective-robustness baseline, a line on logit axes fitted through every (model, seed) "
+            f"point of the reference family {er.family()} (`evaluate.er_reference`); a point above it is more robust "
+            "than its ID accuracy predicts." if curve else
+            f"{what} No effective-robustness baseline (reference family {er.family()}, logit axes): {er.baseline.reason}.",
+            figures.scatter_with_curve(pts, curve, f"{dataset}: ID vs OOD accuracy", "ID accuracy (test_id)", "OOD accuracy (test_ood)",
+                                       curve_label="logit fit", curve_note=_wrap(f"over {', '.join(er.present)}", 16)),
+        )
+    )
+    pairs = distill_pairs(summaries)
+    if pairs:
+        cats = ["ID acc", "OOD acc", "OOD worst-group"]
+        series = []
+        for teacher, student in pairs:
+            for who, s in (("teacher", teacher), ("student", student)):
+                vals = [s.mean("id_acc"), s.mean("ood_acc"), s.mean("wga")]
+                series.append({"label": f"{s.model} ({who})", "values": vals})
+                rows["distill"] += [{"dataset": dataset, "series": s.model, "role": who, "metric": c, "value": v} for c, v in zip(cats, vals, strict=True)]
+        figs.append(
+            (
+                f"{dataset}-distill",
+                "Teacher vs distilled student: did the teacher's robustness survive distillation? "
+                "Inference cost is in the table below.",
+                figures.bar_chart(cats, series, f"{dataset}: teacher vs student", "accuracy"),
+            )
+        )
+    return [f for f in figs if f[2]], rows
+
+
+def phase_figures(cells: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Per panel of the phase diagram: the heatmap of diff = generative − discriminative
+    worst-group OOD accuracy, and the accuracies themselves along the x knob beside the
+    population LDA's closed-form answer (`population_wga`, where the dataset has one)."""
+    figs = []
+    for panel in sorted({int(c["panel"]) for c in cells}):
+        mine = [c for c in cells if int(c["panel"]) == panel]
+        xs = sorted({c["x"] for c in mine})
+        ys = sorted({c["y"] for c in mine})
+        by_cell = {(c["x"], c["y"]): c for c in mine}
+        values = {k: c["diff"] for k, c in by_cell.items()}
+        xk, yk = mine[0]["x_knob"], mine[0]["y_knob"]
+        gen, disc = phase_wins(mine)
+
+        def note(c: dict[str, Any]) -> str:
+            parts = [f"LDA {c['generative_wga']:.3f}", f"LR {c['discriminative_wga']:.3f}"]
+            parts += [f"LR λ={line['l2']:g} {line['wga']:.3f}" for line in c.get("l2_lines", [])]
+            if c.get("population_wga") is not None:
+                parts.append(f"population LDA {c['population_wga']:.3f}")
+            return ", ".join(parts)
+
+        figs.append(
+            (
+                f"phase-{panel}",
+                f"Worst-group OOD accuracy of the Gaussian generative classifier (LDA) minus logistic regression "
+                f"fitted to convergence, seed mean, over {xk} × {yk}. "
+                f"Blue: the generative classifier wins ({gen} cells); red: the discriminative one wins ({disc} cells).",
+                figures.heatmap(xs, ys, values, f"phase diagram: {xk} × {yk}", xk, yk,
+                                notes={k: note(c) for k, c in by_cell.items()}),
+            )
+        )
+        series, legend = [], []
+        has_population = any(c.get("population_wga") is not None for c in mine)
+        for j, yv in enumerate(ys):
+            col = figures.color(j)
+            row = [by_cell.get((xv, yv)) for xv in xs]
+            legend.append((f"{yk} {yv:g}", col, ""))
+            for key, name, dash, width in (("generative_wga", "LDA", "", 1.8), ("discriminative_wga", "logistic regression", "5 3", 1.8),
+                                           ("population_wga", "population LDA", "1 3", 1.4)):
+                pts = [c.get(key) if c else None for c in row]
+                if any(v is not None for v in pts):
+                    series.append({"label": f"{name}, {yk} {yv:g}", "y": pts, "color": col, "dash": dash, "width": width})
+        legend += [("LDA", "#555555", ""), ("logistic regr.", "#555555", "5 3")]
+        legend += [("LDA, n → ∞", "#555555", "1 3")] if has_population else []
+        figs.append(
+            (
+                f"phase-{panel}-lines",
+                f"The same cells: worst-group OOD accuracy along {xk}, one colour per {yk}. Solid: LDA; dashed: "
+                "logistic regression (converged, near-unregularised)"
+                + ("; dotted: the population LDA, fitted to infinitely many examples (closed form), "
+                   "where the sample LDA heads as n_train grows." if has_population else "."),
+                figures.category_lines([f"{xv:g}" for xv in xs], series, f"worst-group OOD accuracy: {xk} × {yk}",
+                                       xk, "worst-group OOD accuracy", legend),
+            )
+        )
+    return figs
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+table{border-collapse:collapse;margin:1em 0;font-size:0.88em}th,td{border:1px solid #ccc;padding:4px 7px;text-align:left}
+th{background:#f2f2f2}code{background:#f4f4f4;padding:0 3px}
+.figs{display:flex;flex-wrap:wrap;gap:14px}figure{margin:0;border:1px solid #e3e3e3;padding:6px;max-width:500px}
+figcaption{font-size:0.82em;color:#444;max-width:480px}
+svg .frame{fill:none;stroke:#888}svg .grid{stroke:#eee}svg .tick{font-size:10px;fill:#444}
+svg .axis{font-size:11px;fill:#222}svg .title{font-size:12px;font-weight:600;fill:#222}
+svg .legend{font-size:10px;fill:#222}svg .cell{font-size:9px;fill:#111}svg .note{font-size:10px;fill:#333}
+.takeaway{background:#f6f9ff;border-left:4px solid #0072B2;padding:6px 10px}
+"""
+
+
+def _md_inline(text: str) -> str:
+    """Escape HTML, then turn **bold** and `code` into tags (all the markdown the report uses)."""
+    import re
+
+    out = escape(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    out = re.sub(r"(?<![\w*])\*(\S.*?)\*(?![\w*])", r"<em>\1</em>", out)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{_md_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_figures(figs: list[tuple[str, str, str]]) -> str:
+    items = "".join(f'<figure id="fig-{escape(n)}">{svg}<figcaption>{escape(cap)}</figcaption></figure>' for n, cap, svg in figs)
+    return f'<div class="figs">{items}</div>'
+
+
+def _intro_html() -> str:
+    parts, items = [], []
+    for line in INTRO.splitlines()[2:]:
+        if line.startswith("- "):
+            items.append(line[2:])
+        elif line.startswith("  ") and items:
+            items[-1] += " " + line.strip()
+        elif line.strip():
+            if items:
+                parts.append("<ul>" + "".join(f"<li>{_md_inline(i)}</li>" for i in items) + "</ul>")
+                items = []
+            parts.append(line)
+        else:
+            if items:
+                parts.append("<ul>" + "".join(f"<li>{_md_inline(i)}</li>" for i in items) + "</ul>")
+                items = []
+            parts.append("")
+    if items:
+        parts.append("<ul>" + "".join(f"<li>{_md_inline(i)}</li>" for i in items) + "</ul>")
+    html, para = [], []
+    for p in parts:
+        if p.startswith("<ul>"):
+            if para:
+                html.append(f"<p>{_md_inline(' '.join(para))}</p>")
+                para = []
+            html.append(p)
+        elif p:
+            para.append(p)
+        elif para:
+            html.append(f"<p>{_md_inline(' '.join(para))}</p>")
+            para = []
+    if para:
+        html.append(f"<p>{_md_inline(' '.join(para))}</p>")
+    return "".join(html)
+
+
+@dataclass
+class Report:
+    """Everything `build_report` makes; run() writes it."""
+
+    leaderboard: pa.Table
+    markdown: str
+    html: str
+    summary: dict[str, Any]
+    plots: dict[str, list[dict[str, Any]]]
+    svgs: dict[str, str]
+
+
+def build_report(
+    metrics: list[dict[str, Any]],
+    data: dict[tuple[str, str, int], RunData] | None = None,
+    phase: list[dict[str, Any]] | None = None,
+    boot: EvaluateConfig | None = None,
+    regimes: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
+) -> Report:
+    """The report from the runs' metrics dicts, their predictions (`data`, optional) and phase cells.
+
+    `regimes`: per dataset, its prepared file's (separation, separation_source) (`load_regime`);
+    a dataset without one says so.
+
+    Without `data` there are no intervals, paired tests, shift curves or reliability figures.
+    Datasets and models appear in the order they first appear in `metrics` (run() passes the
+    `run` section's order); the leaderboard is sorted.
+    """
+    boot = boot or defaults("evaluate", "default")
+    seen: set[tuple[str, str, int]] = set()
+    for m in metrics:
+        key = (m["dataset"], m["model"], int(m["seed"]))
+        if key in seen:
+            raise ValueError(f"duplicate metrics for dataset {key[0]}, model {key[1]}, seed {key[2]}")
+        seen.add(key)
+
+    md = [INTRO, "Figures: open `report.html` (self-contained), or the SVG files in `figures/`.", ""]
+    html = [f"<h1>shiftlab report</h1>{_intro_html()}"]
+    summary: dict[str, Any] = {}
+    plots: dict[str, list[dict[str, Any]]] = {"id_vs_ood": [], "worst_group": [], "groups": [], "shift_curve": [], "reliability": [], "distill": []}
+    svgs: dict[str, str] = {}
+    for dataset in ordered([m["dataset"] for m in metrics]):
+        runs = [m for m in metrics if m["dataset"] == dataset]
+        summaries, extra = dataset_summaries(dataset, runs, data, boot)
+        best = extra["best"]
+        rows = _table_rows(summaries, best)
+        takeaway = _takeaway(summaries, best)
+        figs, fig_rows = dataset_figures(dataset, summaries, int(runs[0]["n_attrs"]), extra["er"])
+        for key, value in fig_rows.items():
+            plots[key] += value
+        objective_figs, objective_rows = objective_figure(dataset, summaries)
+        figs += objective_figs
+        plots.setdefault("objective", []).extend(objective_rows)
+        er_note = extra["er"].note()
+        sep, source = (regimes or {}).get(dataset, (None, None))
+        regime, regime_numbers = regime_note(sep, source, summaries, boot.er_reference)
+        md += [f"## {dataset}", "", regime, "", *_markdown_table(HEADER, rows), "", er_note, "", takeaway, ""]
+        html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", _html_table(HEADER, rows),
+                 f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
+        pairs = distill_pairs(summaries)
+        if pairs:
+            cost_header = ["model", "role", "ID acc", "OOD acc", "OOD worst-group", "parameters", "multiply-adds / example"]
+            cost_rows = [
+                [s.model, role, f"{s.mean('id_acc'):.3f}", f"{s.mean('ood_acc'):.3f}", f"{s.mean('wga'):.3f}", *_cost(s)]
+                for t, st in pairs for s, role in ((t, "teacher"), (st, "student"))
+            ]
+            md += ["Teacher vs distilled student (inference cost: stored numbers and multiply-adds per example, "
+                   "counted by torch; see docs/metrics.md):", "", *_markdown_table(cost_header, cost_rows), ""]
+            html += ["<p>Teacher vs distilled student (inference cost: stored numbers and multiply-adds per example, counted by torch):</p>",
+                     _html_table(cost_header, cost_rows)]
+        for name, cap, svg in figs:
+            svgs[name] = svg
+            md += [f"![{cap}](figures/{name}.svg)", ""]
+        html.append(_html_figures(figs))
+        summary[dataset] = {
+            s.model: {
+                "test_id_acc": s.mean("id_acc"),
+                "test_ood_acc": s.mean("ood_acc"),
+                "test_ood_worst_group_acc": s.mean("wga"),
+                **({"test_ood_worst_group_acc_ci": s.wga_ci} if s.wga_ci is not None else {}),
+                **({"effective_robustness": s.effective_robustness} if s.effective_robustness is not None else {}),
+                **({"shortcut_gap": s.shift["gap"]} if s.shift.get("gap") is not None else {}),
+            }
+            for s in summaries
+        }
+        if regime_numbers:  # "_regime" cannot clash with a model: names come from conf/ keys
+            summary[dataset]["_regime"] = regime_numbers
+        for s in summaries:
+            plots["worst_group"].append({"dataset": dataset, "model": s.model, "worst_group_acc": s.mean("wga")})
+        plots["id_vs_ood"] += [
+            {"dataset": dataset, "model": m["model"], "series": m["model"], "seed": int(m["seed"]),
+             "id_acc": m["splits"]["test_id"]["acc"], "ood_acc": m["splits"]["test_ood"]["acc"]}
+            for m in runs
+        ]
+    if phase:
+        figs = phase_figures(phase)
+        gen, disc = phase_wins(phase)
+        text = (
+            f"Phase diagram (experiment=toy_phase_diagram): over {len(phase)} cells the generative "
+            f"Gaussian classifier (LDA) has the higher worst-group OOD accuracy in {gen} and the discriminative "
+            f"logistic regression (fitted to convergence, near-unregularised) in {disc}"
+            + (" — neither wins everywhere." if gen and disc else ".")
+            + (" Dotted lines: the population LDA's worst-group accuracy in closed form." if any(c.get("population_wga") is not None for c in phase) else "")
+        )
+        md += ["## Phase diagram: generative vs discriminative", "", text, ""]
+        html += ["<h2>Phase diagram: generative vs discriminative</h2>", f"<p>{_md_inline(text)}</p>", _html_figures(figs)]
+        for name, cap, svg in figs:
+            svgs[name] = svg
+            md += [f"![{cap}](figures/{name}.svg)", ""]
+    markdown = "\n".join(md).rstrip("\n") + "\n"
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>shiftlab report</title><style>{CSS}</style></head><body>"
+        + "".join(html)
+        + "<p><small>Definitions: docs/metrics.md. Every number can be recomputed from data/predictions.</small></p></body></html>\n"
+    )
+    return Report(leaderboard(metrics), markdown, page, summary, plots, svgs)
