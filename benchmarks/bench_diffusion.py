@@ -44,7 +44,7 @@ def scoring_vs_forward(shape: list[int], denoiser: str, width: int, n: int, repe
     import torch
 
     from stages.core.runtime import setup_torch
-    from stages.models.diffusion import DiffusionClassifier, denoiser_flops, draw_noise
+    from stages.models.diffusion_model import DiffusionClassifier, denoiser_flops, draw_noise
 
     setup_torch(0)
     dim = int(np.prod(shape))
@@ -97,7 +97,7 @@ def pruning(keep: int, prune_draws: int, epochs: int) -> dict[str, float]:
     """Agreement of pruned and full scoring on 10-class digits, and their network evaluations."""
     import types
 
-    from stages.models.diffusion import DiffusionClassifier, train_diffusion
+    from stages.models.diffusion_model import DiffusionClassifier, train_diffusion
 
     prepared = digits10()
     cfg = types.SimpleNamespace(
@@ -123,7 +123,7 @@ def training(epochs: int, repeats: int) -> dict[str, float]:
     import torch.nn.functional as F
 
     from stages.core.runtime import setup_torch
-    from stages.models.diffusion import DiffusionClassifier
+    from stages.models.diffusion_model import DiffusionClassifier
     from stages.models.training import run_epoch
 
     n, shape, batch = 900, [3, 8, 8], 128

@@ -107,7 +107,7 @@ def diffusion_model(splits: dict, seed: int = 0):  # noqa: ANN201
     import torch
 
     from stages.core.runtime import setup_torch
-    from stages.models.diffusion import DiffusionClassifier
+    from stages.models.diffusion_model import DiffusionClassifier
 
     gen = setup_torch(seed)
     model = DiffusionClassifier(DIM, 2, [DIM], "mlp", DIFF_WIDTH, DIFF_DEPTH, DIFF_STEPS)

@@ -46,6 +46,10 @@ def module_file(module: str, root: Path = ROOT) -> Path | None:
     return None
 
 
+REGISTRATIONS = ("register_method", "register_dataset")
+REFERENCE = re.compile(r"^((?:stages)(?:\.\w+)+):\w+$")  # stages.core.registry.Ref as a string
+
+
 def imports(path: Path, root: Path = ROOT) -> set[Path]:
     return set(_imports(Path(path), root, Path(path).stat().st_mtime_ns))
 
@@ -53,21 +57,30 @@ def imports(path: Path, root: Path = ROOT) -> set[Path]:
 @functools.cache
 def _imports(path: Path, root: Path, mtime: int) -> frozenset[Path]:
     """Project files `path` imports: at top level or inside functions (they run too), not under
-    `if TYPE_CHECKING:`; importing a.b.c counts a/__init__.py and a/b/__init__.py too."""
-    tree = ast.parse(path.read_text())
-    typing_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only |= {id(n) for n in ast.walk(node)}
+    `if TYPE_CHECKING:`; importing a.b.c counts a/__init__.py and a/b/__init__.py too. A
+    registration's "module:function" references (stages/core/registry.py) count as imports."""
     names: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
+    todo: list[ast.AST] = [ast.parse(path.read_text())]
+    while todo:  # one walk, not into `if TYPE_CHECKING:` blocks
+        node = todo.pop()
+        if isinstance(node, ast.If) and _typing_only(node.test):
+            todo.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.module and not node.level:
+                names.add(node.module)
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+            continue
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in REGISTRATIONS:
+            # a registration's "module:function" references run when the kind is used
+            names |= {m.group(1) for a in [*node.args, *(k.value for k in node.keywords)]
+                      if isinstance(a, ast.Constant) and isinstance(a.value, str) and (m := REFERENCE.match(a.value))}
+        if isinstance(node, ast.expr) and not isinstance(node, (ast.Call, ast.Lambda)):
+            continue  # no import or registration inside a plain expression
+        todo.extend(ast.iter_child_nodes(node))
     found = set()
     for name in names:
         parts = name.split(".")
@@ -76,6 +89,11 @@ def _imports(path: Path, root: Path, mtime: int) -> frozenset[Path]:
             if f is not None:
                 found.add(f)
     return frozenset(found)
+
+
+def _typing_only(test: ast.expr) -> bool:
+    """`TYPE_CHECKING` or `typing.TYPE_CHECKING`."""
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
 
 
 def closure(files: Iterable[Path], root: Path = ROOT) -> list[str]:
@@ -109,7 +127,8 @@ def kind_code(stage: str, modules: Iterable[str], root: Path = ROOT) -> list[str
         if f is None:
             raise ValueError(f"no module {m} (a kind's module is stages/models/<kind>.py or stages/datasets/<kind>.py)")
         files.append(f)
-    extra = [p for p in closure(files, root) if p not in set(entrypoint_code(stage, root))]
+    common = set(entrypoint_code(stage, root))
+    extra = [p for p in closure(files, root) if p not in common]
     if len(extra) > SLOTS:
         raise ValueError(f"{stage}: {len(extra)} kind-specific code files {extra}; raise stages/dag.py SLOTS")
     return extra + [extra[-1]] * (SLOTS - len(extra)) if extra else [f"stages/{stage}.py"] * SLOTS
@@ -192,12 +211,16 @@ def plan(
     def mkind(name: str) -> str:
         return str(methods[name]["kind"])
 
+    @functools.cache
+    def code(stage: str, modules: tuple[str, ...]) -> list[str]:  # items share kinds: once per kind
+        return kind_code(stage, modules, root)
+
     from stages.models.external import LOCAL_FILES
 
     dmod = {d: f"stages.datasets.{dkind(d)}" for d in run["datasets"]}
     out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
     for d in run["datasets"]:
-        out["prepare"][d] = {"code": kind_code("prepare", [dmod[d]], root)}
+        out["prepare"][d] = {"code": code("prepare", (dmod[d],))}
     ups = {m: upstream(mkind(m), methods[m], root) for m in run["methods"]}
     for m, up in ups.items():
         if up is not None and (up[1] not in run["methods"] or up[1] == m):
@@ -213,7 +236,7 @@ def plan(
                 up = ups[m]
                 out["train"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "method": m, "seed": s,
-                    "code": kind_code("train", [f"stages.models.{mkind(m)}"], root),
+                    "code": code("train", (f"stages.models.{mkind(m)}",)),
                     # with no pretrained encoder to read, the slot repeats the prepared file
                     "pretrained": f"data/pretrained/{d}" if pretrained else f"data/prepared/{d}.parquet",
                     # the trained model of the method it reads (same dataset and seed); else again the prepared file
@@ -225,7 +248,7 @@ def plan(
             for s in run["seeds"]:
                 out["distill"][f"{d}-{t}-{s}"] = {
                     "dataset": d, "teacher": t, "seed": s,
-                    "code": kind_code("distill", model_modules(mkind(t), root), root),
+                    "code": code("distill", tuple(model_modules(mkind(t), root))),
                 }
         for m in run["models"]:
             student = m.endswith(STUDENT_SUFFIX)
@@ -233,11 +256,11 @@ def plan(
             for s in run["seeds"]:
                 out["evaluate"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "model": m, "seed": s,
-                    "code": kind_code("evaluate", [*modules, dmod[d]], root),
+                    "code": code("evaluate", (*modules, dmod[d])),
                 }
     # the phase diagram's generated dataset and its generative classifier's module
     kinds = [f"stages.datasets.{phase['base']['kind']}", f"stages.models.{phase['generative']['kind']}"]
-    out["phase"] = {"code": kind_code("phase", kinds, root)}
+    out["phase"] = {"code": code("phase", tuple(kinds))}
     return out
 
 

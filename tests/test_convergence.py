@@ -12,7 +12,7 @@ from stages import train
 from stages.core.artifacts import HISTORY_SCHEMA, LEADERBOARD_SCHEMA, model_dir
 from stages.core.io import read_json, read_parquet
 from stages.models import CONFIG, HISTORY
-from stages.models.diffusion import train_diffusion
+from stages.models.diffusion_model import train_diffusion
 from stages.models.history import (
     UNDERTRAINED_GAIN,
     UNDERTRAINED_MIN_EPOCHS,

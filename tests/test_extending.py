@@ -43,13 +43,15 @@ def sh(cmd: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_doc_names_one_module_and_one_yaml_each():
     files = doc_files()
-    assert set(files) == {"stages/models/logreg.py", "conf/method/logreg.yaml", "stages/datasets/two_moons.py", "conf/dataset/two_moons.yaml"}
+    assert set(files) == {"stages/models/logreg.py", "conf/method/logreg.yaml", "stages/datasets/two_moons.py",
+                          "conf/dataset/two_moons.yaml", "tests/test_logreg_two_moons.py"}
     assert doc_commands()[0] == "make params"
 
 
 def test_following_the_doc_adds_a_method_and_a_dataset_end_to_end(tmp_path):
     copy_project(ROOT, tmp_path)
     for rel, text in doc_files().items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
@@ -57,11 +59,16 @@ def test_following_the_doc_adds_a_method_and_a_dataset_end_to_end(tmp_path):
     for cmd in doc_commands():
         sh(cmd, tmp_path)
 
-    # one file names each new kind
+    # one file names each new kind (as the doc's `git grep --untracked` says)
     for kind, own in (("logreg", "stages/models/logreg.py"), ("two_moons", "stages/datasets/two_moons.py")):
         names = subprocess.run(["git", "grep", "--untracked", "-lw", kind, "--", "stages", "pipeline"], cwd=tmp_path,
                                capture_output=True, text=True).stdout.split()
         assert names == [own]
+    # the doc's registrations are light: validating the whole config imports no torch or scikit-learn
+    code = ("import sys; from stages.core import config, registry; registry.methods(); registry.datasets(); "
+            "config.check_composed(config.load_params()); print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'sklearn'}))")
+    light = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=project_env(), text=True, capture_output=True, check=True)
+    assert light.stdout.strip() == "[]", light.stdout
     report = (tmp_path / "data/reports/report.md").read_text()
     assert "two_moons" in report and "logreg" in report
     board = pq.read_table(tmp_path / "data/reports/leaderboard.parquet").to_pylist()

@@ -15,14 +15,19 @@ from stages.core.config import ConfigError, defaults, load_params, method_config
 from stages.core.io import read_json
 from stages.core.runtime import setup_torch
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
-from stages.models.autoregressive import (
+from stages.models.autoregressive_model import (
     AutoregressiveClassifier,
     ByteTokenizer,
     QuantileTokenizer,
     train_autoregressive,
 )
-from stages.models.diffusion import DiffusionClassifier, draw_noise, stratum_order, train_diffusion
-from stages.models.qda import fit_qda
+from stages.models.diffusion_model import (
+    DiffusionClassifier,
+    draw_noise,
+    stratum_order,
+    train_diffusion,
+)
+from stages.models.qda_model import fit_qda
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -347,7 +352,7 @@ def test_pruning_more_classes_than_the_data_has_fails_before_training(tmp_path, 
     assert prepare.main(["gaussian_shortcut", *small, *params]) == 0
     capsys.readouterr()
     called = []
-    monkeypatch.setattr("stages.models.diffusion.train_diffusion", lambda *a, **k: called.append(1))
+    monkeypatch.setattr("stages.models.diffusion_model.train_diffusion", lambda *a, **k: called.append(1))
     assert train.main(["gaussian_shortcut", "diffusion", "0", "method.diffusion.prune_keep=2", *params]) == 2
     err = capsys.readouterr().err
     assert "method.diffusion.prune_keep" in err and "n_classes (2)" in err and not called

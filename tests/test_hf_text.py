@@ -22,7 +22,7 @@ from stages.core.io import ArtifactError, read_json
 from stages.core.provenance import file_sha256
 from stages.core.text import build_vocab
 from stages.models import CONFIG, WEIGHTS, load_model, save_model
-from stages.models.autoregressive import (
+from stages.models.autoregressive_model import (
     AutoregressiveClassifier,
     ByteTokenizer,
     train_autoregressive,

@@ -27,7 +27,7 @@ from stages.models import (
     save_model,
 )
 from stages.models.groupdro import GroupDROLoss
-from stages.models.lda import LDAClassifier, fit_lda
+from stages.models.lda_model import LDAClassifier, fit_lda
 from stages.models.mlp import MLPClassifier
 from stages.models.nets import DenoisingAutoencoder, MLPEncoder, Standardize
 from stages.models.training import (

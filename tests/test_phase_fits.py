@@ -19,8 +19,9 @@ from stages.core.config import CONF, defaults, section
 from stages.core.schema import ConfigError
 from stages.core.settings import PhaseConfig
 from stages.datasets.gaussian_shortcut import population_lda, sample_split
-from stages.models.gaussian import SHRINK_TARGETS, shrink
-from stages.models.lda import fit_lda
+from stages.models.gaussian import shrink
+from stages.models.lda_model import fit_lda
+from stages.models.schemas import SHRINK_TARGETS
 
 
 def _phase() -> tuple[PhaseConfig, object, object]:

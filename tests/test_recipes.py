@@ -27,7 +27,7 @@ def composed(recipe: str, tmp_path: Path):
 @pytest.mark.parametrize("recipe", sorted(IMAGE_RECIPES))
 def test_image_recipes_build_their_networks_at_the_published_resolution(recipe, tmp_path):
     from stages.models.backbone import TimmClassifier
-    from stages.models.diffusion import UNetDenoiser
+    from stages.models.diffusion_model import UNetDenoiser
 
     params = composed(recipe, tmp_path)
     assert params.runtime.device == "auto" and params.runtime.stream is True
@@ -59,7 +59,7 @@ def test_image_recipes_build_their_networks_at_the_published_resolution(recipe, 
 
 
 def test_civilcomments_recipe_builds_bert_base_and_a_gpt2_small_byte_model(tmp_path):
-    from stages.models.autoregressive import gpt2_network
+    from stages.models.autoregressive_model import gpt2_network
     from stages.models.text import BertTextClassifier
 
     params = composed("civilcomments", tmp_path)

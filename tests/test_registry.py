@@ -32,10 +32,12 @@ def grep_files(word: str) -> set[str]:
 
 @pytest.mark.parametrize("kind", sorted(registry.methods()))
 def test_a_method_kind_is_named_in_its_own_module_only(kind):
+    """Its declaration module, and the implementation module it names by reference if any."""
     spec = registry.method(kind)
     own = spec.module.replace(".", "/") + ".py"
     assert own == f"stages/models/{kind}.py"
-    assert grep_files(kind) - HOMONYMS.get(kind, set()) == {own}
+    implementation = {m.replace(".", "/") + ".py" for m in spec.implementation}
+    assert grep_files(kind) - HOMONYMS.get(kind, set()) - implementation == {own}
 
 
 @pytest.mark.parametrize("kind", sorted(registry.datasets()))
@@ -185,3 +187,17 @@ def test_the_student_suffix_is_one_value_everywhere():
     from stages.core import settings
     assert plugin.STUDENT_SUFFIX == dag.STUDENT_SUFFIX == settings.STUDENT_SUFFIX
     assert f"${{item.teacher}}{settings.STUDENT_SUFFIX}/seed=" in (ROOT / "dvc.yaml").read_text()
+
+
+def test_validating_every_section_imports_no_implementation():
+    """Composing params.yaml (every `dvc exp run`) checks every method and dataset section: the
+    registrations must be cheap to import — no torch, no scikit-learn, no implementation module
+    (docs/extending.md, "Keep the registration light")."""
+    code = (
+        "import sys; from stages.core import config, registry; registry.methods(); registry.datasets();"
+        "config.check_composed(config.load_params());"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn', 'scipy', 'timm', 'transformers', 'diffusers')"
+        " or m.endswith('_model') or m in ('stages.models.training', 'stages.models.nets')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert ast.literal_eval(out.strip()) == []

@@ -93,7 +93,7 @@ def test_evaluate_endpoints_match_test_id_and_fully_reversed_accuracy() -> None:
 
 def test_reweight_and_regenerate_routes_agree_on_gaussian_shortcut() -> None:
     from stages.datasets.gaussian_shortcut import generate
-    from stages.models.lda import fit_lda
+    from stages.models.lda_model import fit_lda
 
     cfg = defaults("dataset", "gaussian_shortcut", spurious_scale=0.6, n_train=2000, n_val=8, n_test_id=3000, n_test_ood=3000)
     cols, _ = generate(cfg)

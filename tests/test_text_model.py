@@ -91,7 +91,10 @@ def test_text_model_round_trips_through_safetensors(tmp_path: Path) -> None:
     assert "text" in registry.model_kinds() and isinstance(loaded, TextClassifier)
     assert loaded.kind == "text" and loaded.input == "text" and loaded.vocab == model.vocab
     texts = [*p.text, "", "words the model never saw", "NOT   great, indeed!"]
-    assert np.array_equal(loaded.logits(texts, batch_size=7), model.logits(texts))
+    assert np.array_equal(loaded.logits(texts), model.logits(texts))
+    # Another batch size may round the last bit differently (the CPU's GEMM kernels block by
+    # batch: seen on AVX-512 machines), not more.
+    np.testing.assert_allclose(loaded.logits(texts, batch_size=7), model.logits(texts), rtol=1e-6, atol=1e-7)
     out = loaded.logits(texts)
     assert out.dtype == np.float32 and out.shape == (len(texts), 2) and np.isfinite(out).all()
     with torch.no_grad():  # no tokens: the mean embedding is the zero vector

@@ -18,7 +18,7 @@ from stages.core.config import ConfigError, defaults, load_params, method_config
 from stages.core.io import ArtifactError, read_json
 from stages.core.runtime import setup_torch
 from stages.models import CONFIG, load_model, save_model
-from stages.models.diffusion import build_classifier, noise_schedule, train_diffusion
+from stages.models.diffusion_model import build_classifier, noise_schedule, train_diffusion
 
 ROOT = Path(__file__).resolve().parents[1]
 # Two blocks of 8 and 16 channels, attention in the second (and so in the middle block).
@@ -176,7 +176,7 @@ def test_unet_on_vector_data_is_a_config_error_before_training(tmp_path, monkeyp
     assert prepare.main(["gaussian_shortcut", *small, *params]) == 0
     capsys.readouterr()
     called = []
-    monkeypatch.setattr("stages.models.diffusion.train_diffusion", lambda *a, **k: called.append(1))
+    monkeypatch.setattr("stages.models.diffusion_model.train_diffusion", lambda *a, **k: called.append(1))
     assert train.main(["gaussian_shortcut", "diffusion", "0", "method.diffusion.denoiser=unet", *params]) == 2
     err = capsys.readouterr().err.strip()
     assert "method.diffusion.denoiser" in err and "(C, H, W)" in err and len(err.splitlines()) == 1 and not called

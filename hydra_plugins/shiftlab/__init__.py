@@ -52,6 +52,13 @@ def models(methods: ListConfig, teachers: ListConfig) -> ListConfig:
     return OmegaConf.create([*methods, *(f"{t}{STUDENT_SUFFIX}" for t in teachers)])
 
 
+def extend(base: ListConfig, added: ListConfig) -> ListConfig:
+    """`base` then each entry of `added` not already in it: `run.datasets` / `run.methods` from
+    conf/config.yaml's list and `run.add_datasets` / `run.add_methods` (`-S 'run.add_methods=[x]'`
+    adds one without restating the list)."""
+    return OmegaConf.create([*base, *(a for a in added if a not in base)])
+
+
 def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictConfig, *, _root_: DictConfig) -> DictConfig:
     """params.yaml's `dag` section (stages/dag.py `plan`), once the whole config is valid (`check`)."""
     root = _ROOT[0]
@@ -93,6 +100,6 @@ def check(config: DictConfig, root: Path) -> None:
 
 
 register(Path(__file__).resolve().parents[2] / "conf")
-for _name, _fn in (("shiftlab.models", models), ("shiftlab.dag", dag)):
+for _name, _fn in (("shiftlab.models", models), ("shiftlab.extend", extend), ("shiftlab.dag", dag)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)

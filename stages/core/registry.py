@@ -10,6 +10,12 @@ types, text checks, `run.methods: all`) is read from here. A model architecture 
 Looking up one kind imports only that kind's module (so a stage imports, and DVC tracks,
 only the code it runs); listing every kind imports every module of the package. Adding a
 method or a dataset edits no list: see docs/extending.md.
+
+A registration is cheap to import: validating a config (what `dvc exp run` does for every
+method and dataset while it composes params.yaml) needs the schemas and capabilities, never
+torch. So a method whose implementation is heavy names its functions by reference,
+`"stages.models.<impl>:<function>"`, resolved on first use; stages/dag.py reads the same
+strings to make the implementation a DVC dependency of the method's stages.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import dataclasses
 import importlib
 import importlib.util
 import pkgutil
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stages.core.schema import ConfigError
@@ -34,20 +43,37 @@ PRETRAINED = ("never", "always")
 PRETRAINED_VALUE = "pretrained"
 
 
+Ref = Callable[..., Any] | str
+"""A function, or where it lives as "package.module:function" (imported on first use)."""
+
+
+def resolve(ref: Ref) -> Callable[..., Any]:
+    """The function `ref` names (imports its module the first time)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def ref_module(ref: Ref | None) -> str | None:
+    """The module a reference names without importing it (None for a plain function or None)."""
+    return ref.partition(":")[0] if isinstance(ref, str) else None
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A training method: `train(job) -> Trained` (see stages/models/training.py)."""
 
     kind: str
     schema: type
-    train: Callable[..., Any]
+    train_ref: Ref
     generative: bool  # classifies by argmax_y log p(x | y) + log p(y)
     reads_text: bool  # needs the prepared `text` column
     pretrained: str  # reads data/pretrained/<dataset>/: one of PRETRAINED, or a config key (see there)
     model: str | tuple[str, ...]  # the model kind(s) (`register_model`) its train may save, by its config
     # closed-form methods: fit(x, y, n_classes, cfg) -> model on in-memory arrays (the phase
     # diagram fits them cell by cell); None for the others
-    fit: Callable[..., Any] | None
+    fit_ref: Ref | None
     # a config key whose value, unless PRETRAINED_VALUE, names another method of run.methods
     # whose trained model (data/models/<dataset>/<that method>/seed=<seed>/) it reads; or None
     upstream: str | None
@@ -57,6 +83,19 @@ class MethodSpec:
     @property
     def summary(self) -> str:
         return (self.schema.__doc__ or self.kind).strip().splitlines()[0]
+
+    @property
+    def train(self) -> Callable[..., Any]:
+        return resolve(self.train_ref)
+
+    @property
+    def fit(self) -> Callable[..., Any] | None:
+        return None if self.fit_ref is None else resolve(self.fit_ref)
+
+    @property
+    def implementation(self) -> list[str]:
+        """The modules its references name (imported only when used)."""
+        return [m for m in (ref_module(self.train_ref), ref_module(self.fit_ref)) if m]
 
     def needs_pretrained(self, cfg: Any) -> bool:
         """Whether `cfg` reads the pretrain stage's outputs."""
@@ -98,23 +137,28 @@ class DatasetSpec:
 _METHODS: dict[str, MethodSpec] = {}
 _DATASETS: dict[str, DatasetSpec] = {}
 _MODELS: dict[str, type] = {}
+# Which call declares an entry of each table (a method or dataset lookup that misses imports only
+# the modules that make it; a model lookup imports every module).
+DECLARATION = {id(_METHODS): "register_method", id(_DATASETS): "register_dataset"}
 
 
 def register_method(
     kind: str,
     schema: type,
-    train: Callable[..., Any],
+    train: Ref,
     *,
     generative: bool = False,
     reads_text: bool = False,
     pretrained: str = "never",
     model: str | tuple[str, ...] = "mlp",
-    fit: Callable[..., Any] | None = None,
+    fit: Ref | None = None,
     upstream: str | None = None,
     streams: bool = False,
 ) -> MethodSpec:
     """Declare a method kind (call once, at the bottom of its module). Give the capabilities
     as literals: stages/dag.py reads them from the source to write the DVC dependencies.
+    `train` (and `fit`, closed-form methods' in-memory fit) may be "module:function" references
+    to a heavier implementation module, so that importing the registration stays cheap.
 
     `pretrained`: "never", "always", or the name of a config key (e.g. "init") whose value
     "pretrained" means the method reads data/pretrained/<dataset>/. `upstream`: the name of a
@@ -127,7 +171,8 @@ def register_method(
         raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED} or a key of its schema {sorted(keys)}, got {pretrained!r}")
     if upstream is not None and upstream not in keys:
         raise TypeError(f"method kind '{kind}': upstream must be a key of its schema {sorted(keys)}, got {upstream!r}")
-    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, train.__module__, streams)
+    module = sys._getframe(1).f_globals.get("__name__", schema.__module__)  # the declaring module
+    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, module, streams)
     return _add(_METHODS, kind, spec, "method")
 
 
@@ -179,14 +224,22 @@ def _lookup(table: dict[str, Any], package: str, kind: str) -> Any | None:
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
     if kind not in table:
-        _import_all(package)
+        _import_all(package, DECLARATION.get(id(table)))
     return table.get(kind)
 
 
-def _import_all(package: str) -> None:
+def _import_all(package: str, declaring: str | None = None) -> None:
+    """Import every module of `package`; with `declaring` ("register_method", ...) only those
+    whose source calls it at top level (the declarations: cheap, no implementation)."""
     pkg = importlib.import_module(package)
     for info in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"{package}.{info.name}")
+        name = f"{package}.{info.name}"
+        if declaring is not None:
+            spec = importlib.util.find_spec(name)
+            origin = getattr(spec, "origin", None)
+            if origin is None or not re.search(rf"^{declaring}\(", Path(origin).read_text(encoding="utf-8"), re.M):
+                continue
+        importlib.import_module(name)
 
 
 def method(kind: str) -> MethodSpec:
@@ -216,19 +269,28 @@ def dataset(kind: str) -> DatasetSpec:
 
 
 def model_class(kind: str) -> type | None:
-    """The class registered for model architecture `kind`, or None."""
+    """The class registered for model architecture `kind`, or None: from `stages/models/<kind>.py`,
+    else from the implementation of a method that saves that kind, else any module."""
+    if kind not in _MODELS and isinstance(kind, str) and kind.isidentifier():
+        name = f"{METHOD_PACKAGE}.{kind}"
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
+        for spec in list(_METHODS.values()):
+            if kind not in _MODELS and kind in spec.models:
+                for module in spec.implementation:
+                    importlib.import_module(module)
     return _lookup(_MODELS, METHOD_PACKAGE, kind)
 
 
 def methods() -> dict[str, MethodSpec]:
-    """Every method kind, sorted by name (imports every module of stages/models)."""
-    _import_all(METHOD_PACKAGE)
+    """Every method kind, sorted by name (imports every declaration in stages/models, no implementation)."""
+    _import_all(METHOD_PACKAGE, "register_method")
     return dict(sorted(_METHODS.items()))
 
 
 def datasets() -> dict[str, DatasetSpec]:
-    """Every dataset kind, sorted by name (imports every module of stages/datasets)."""
-    _import_all(DATASET_PACKAGE)
+    """Every dataset kind, sorted by name (imports every declaration in stages/datasets)."""
+    _import_all(DATASET_PACKAGE, "register_dataset")
     return dict(sorted(_DATASETS.items()))
 
 

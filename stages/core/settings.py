@@ -181,6 +181,8 @@ class PhaseConfig:
 class RunConfig:
     """What `dvc repro` runs: the matrix over datasets × methods × seeds."""
 
+    add_datasets: list[str] = option("datasets appended to conf/'s run.datasets (one more without restating the list)")
+    add_methods: list[str] = option("methods appended to conf/'s run.methods (one more without restating the list)")
     datasets: list[str] = option("datasets to prepare (names under `dataset`)")
     methods: list[str] = option("methods to train (names under `method`)")
     teachers: list[str] = option("methods distilled into a student named <teacher>_student")
@@ -192,6 +194,10 @@ class RunConfig:
             c.require(len(getattr(self, key)) > 0, key, "must not be empty")
             values = getattr(self, key)
             c.require(len(set(values)) == len(values), key, f"has duplicates: {values}")
+        for key, into in (("add_datasets", "datasets"), ("add_methods", "methods")):
+            for name in getattr(self, key):  # an experiment or override that sets the list itself drops the addition
+                c.require(name in getattr(self, into), key, f"'{name}' is not in run.{into} {getattr(self, into)}: "
+                          f"run.{into} was replaced (by an experiment or an override); name it there instead")
         for t in self.teachers:
             c.require(t in self.methods, "teachers", f"teacher '{t}' is not in run.methods {self.methods}")
         producible = set(self.methods) | {student_name(t) for t in self.teachers}

@@ -45,12 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from stages.core.registry import register_method
 from stages.core.schema import SELECTIONS, Checks, ConfigError, option
 from stages.models.discriminative import pretrained_encoder, pretrained_for
-from stages.models.robust import group_scores
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -210,6 +208,8 @@ class DFRCandidate:
 
     def scores(self, data: Embedded) -> dict[str, float]:
         """acc and worst-group accuracy of the heads on `data`, averaged over the halvings."""
+        from stages.models.robust import group_scores
+
         runs = [group_scores(data.z @ w.T + b, data.y, data.g) for w, b in self.heads]
         return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
 
@@ -259,6 +259,8 @@ def fit_dfr(
     of it with balance=weight) are fitted with the chosen C and their heads averaged. The
     returned head acts on raw embeddings (the standardisation is folded in).
     """
+    from stages.models.robust import group_scores
+
     if cfg.selection not in DFR_CRITERIA:
         raise ValueError(f"unknown selection '{cfg.selection}'")
     if cfg.selection == "oracle" and oracle is None:
@@ -327,6 +329,8 @@ def fit_dfr(
 
 def dfr_classifier(standardize: Standardize, encoder: MLPEncoder, weight: np.ndarray, bias: np.ndarray) -> MLPClassifier:
     """The frozen encoder with the DFR head: an ordinary MLPClassifier mapping raw x to logits."""
+    import torch
+
     from stages.models.mlp import MLPClassifier
 
     model = MLPClassifier(encoder, len(bias), standardize)
@@ -383,6 +387,8 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
 
 def embed(standardize: Standardize, encoder: MLPEncoder, x: np.ndarray) -> np.ndarray:
     """The encoder's output (the last hidden layer) for raw inputs, float32."""
+    import torch
+
     with torch.no_grad():
         return encoder(standardize(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))).numpy()
 
@@ -469,6 +475,8 @@ def fit_head(
     (`grid[*].test_ood_worst_group_acc`); that score never chooses C unless `selection` is
     oracle.
     """
+    import torch
+
     from stages.core.runtime import setup_torch
     from stages.models.history import history_rows, history_table
     from stages.models.training import split_data, split_metrics

@@ -24,39 +24,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from stages.core.schema import Checks, ConfigError, option
+from stages.core.schema import ConfigError
 from stages.models.generative import logsumexp_np
 from stages.models.nets import batched_logits
+from stages.models.schemas import SHRINK_TARGETS
 
 if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob
-
-
-SHRINK_TARGETS = ("scaled_identity", "diagonal", "identity")
-
-
-@dataclass
-class GaussianConfig:
-    """The keys of a Gaussian classifier fitted in closed form (its own schema names it)."""
-
-    kind: str = option("method family")
-    shrinkage: float = option("covariance shrinkage λ towards `shrink_target` (per class where each has its own), in [0, 1]")
-    shrink_target: str = option("what the covariance shrinks towards: scaled_identity ((tr Σ/d)·I) | diagonal (diag Σ) | identity (I)")
-
-    def reads_splits(self) -> tuple[str, ...]:
-        """Fitted in closed form on train."""
-        return ("train",)
-
-    def check(self, c: Checks) -> None:
-        c.prob(self.shrinkage, "shrinkage")
-        c.choice(self.shrink_target, "shrink_target", SHRINK_TARGETS)
 
 
 def train_closed_form(job: TrainJob, fit: Callable[[np.ndarray, np.ndarray, int, Any], Any]) -> Trained:

@@ -1,4 +1,4 @@
-"""What the trained generative classifiers share: their config keys (`GenerativeFitConfig`),
+"""What the trained generative classifiers share: their config keys (`schemas.GenerativeFitConfig`),
 their entry to the training loop, and class priors.
 
 A generative model is trained by maximum likelihood of x given its label — its training
@@ -25,32 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from stages.core.schema import Checks, option, train_and_selection_splits
 from stages.models.training import Batch, FitOptions, FitResult, SplitData, fit_loop, split_metrics
 
 if TYPE_CHECKING:
     from stages.core.checkpoint import Checkpointer
-
-
-@dataclass
-class GenerativeFitConfig:
-    """Optimisation and selection keys shared by the trained generative classifiers."""
-
-    kind: str = option("method family")
-    lr: float = option("AdamW learning rate")
-    weight_decay: float = option("AdamW weight decay")
-    epochs: int = option("training epochs")
-    batch_size: int = option("minibatch size")
-    selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
-    eval_every: int = option("score the splits (for selection and history) every N epochs and at the last")
-
-    def reads_splits(self) -> tuple[str, ...]:
-        """The splits whose rows can change the trained weights: train, and the selection split."""
-        return train_and_selection_splits(self.selection)
-
-    def check(self, c: Checks) -> None:
-        c.minibatch(self)
-        c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
 
 
 # The splits scored at every evaluation: what the selection rules read (val_avg and

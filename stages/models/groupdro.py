@@ -8,14 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, train_mlp
 
 if TYPE_CHECKING:
+    import torch
+
     from stages.models.training import Batch, Trained, TrainJob
 
 
@@ -38,6 +37,8 @@ class GroupDROLoss:
     """
 
     def __init__(self, n_groups: int, eta: float) -> None:
+        import torch
+
         self.n_groups = int(n_groups)
         self.eta = float(eta)
         self.q = torch.full((self.n_groups,), 1.0 / self.n_groups)
@@ -50,6 +51,9 @@ class GroupDROLoss:
         self.q = state["q"].clone()
 
     def __call__(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
         losses = F.cross_entropy(logits, batch["y"], reduction="none")
         onehot = F.one_hot(batch["g"], self.n_groups).to(losses.dtype)  # (b, G)
         counts = onehot.sum(0)
@@ -63,6 +67,9 @@ class GroupDROLoss:
         """The objective on a held-out split, q untouched: the worst group's mean loss, max_g
         loss_g over the groups present — the robust loss the online algorithm minimises
         (Sagawa et al. 2020, eq. 2; Σ_g q_g loss_g is a lower bound of it)."""
+        import torch
+        import torch.nn.functional as F
+
         losses = F.cross_entropy(logits, batch["y"], reduction="none")
         return torch.stack([losses[batch["g"] == v].mean() for v in torch.unique(batch["g"])]).max()
 

@@ -10,16 +10,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, build_classifier, train_mlp
-from stages.models.robust import normalised, weighted_cross_entropy
-from stages.models.training import FitOptions, SplitData, cross_entropy, fit_classifier
 
 if TYPE_CHECKING:
-    from stages.models.training import Trained, TrainJob
+    import torch
+
+    from stages.models.training import (
+        FitOptions,
+        SplitData,
+        Trained,
+        TrainJob,
+    )
 
 
 @dataclass
@@ -37,15 +40,21 @@ class JTTConfig(MLPFitConfig):
 
 def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
     """Weight λ = `upweight` for the identified errors, 1 for the rest, then scaled to mean 1."""
+    import torch
+
+    from stages.models.robust import normalised
+
     return normalised(torch.where(errors, float(upweight), 1.0).double())
 
 
-@torch.no_grad()
 def misclassified(model: torch.nn.Module, split: SplitData, batch_size: int = 4096) -> torch.Tensor:
     """Boolean mask of the examples of `split` that `model` (in eval mode) gets wrong."""
+    import torch
+
     from stages.core.runtime import current
     from stages.core.stream import batch_rows, to_input
     from stages.models.nets import model_device
+    from stages.models.training import SplitData
 
     was_training = model.training
     model.eval()
@@ -81,6 +90,10 @@ def identify_errors(
     JTT uses the identification model as it stands after `id_epochs` epochs (no checkpoint
     selection). The summary has the error-set size, its share of train and its group counts.
     """
+    import torch
+
+    from stages.models.training import cross_entropy, fit_classifier
+
     id_opts = dataclasses.replace(opts, epochs=id_epochs)  # the same optimiser, for id_epochs
     fit_classifier(model, splits, cross_entropy, id_opts, generator, desc=desc)  # model keeps its last epoch
     train = splits["train"]
@@ -99,6 +112,10 @@ def identify_errors(
 def train(job: TrainJob) -> Trained:
     """The identification run (not checkpointed: short and deterministic), then the
     upweighted second run; config.json records the identification under `jtt`."""
+
+    from stages.models.robust import weighted_cross_entropy
+    from stages.models.training import FitOptions
+
     cfg = job.cfg
 
     def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:

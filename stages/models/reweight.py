@@ -7,14 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option
 from stages.models.discriminative import MLPFitConfig, train_mlp
-from stages.models.robust import normalised, weighted_cross_entropy
 
 if TYPE_CHECKING:
+    import torch
+
     from stages.models.training import Trained, TrainJob
 
 
@@ -34,6 +33,10 @@ def balanced_weights(labels: torch.Tensor, n_values: int) -> torch.Tensor:
 
     Every value present then carries the same total weight; weights have mean 1.
     """
+    import torch
+
+    from stages.models.robust import normalised
+
     counts = torch.bincount(labels, minlength=n_values).double()
     if len(counts) > n_values:
         raise ValueError(f"labels go up to {int(labels.max())} but there are {n_values} values")
@@ -42,6 +45,9 @@ def balanced_weights(labels: torch.Tensor, n_values: int) -> torch.Tensor:
 
 def train(job: TrainJob) -> Trained:
     """Inverse-frequency weights on train (class or group, by `balance`)."""
+
+
+    from stages.models.robust import weighted_cross_entropy
 
     def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
         train = splits["train"]

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option, train_and_selection_splits
 from stages.core.text import build_vocab
-from stages.models.text import TextClassifier
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,6 +101,7 @@ def train_text(
     """
     from stages.core.io import ArtifactError
     from stages.core.runtime import setup_torch
+    from stages.models.text import TextClassifier
     from stages.models.training import (
         FitOptions,
         SplitData,

@@ -1,0 +1,50 @@
+"""Config schemas several methods share, apart from their implementations: importing them (as
+every config check does) costs no torch. `MLPFitConfig`, the discriminative methods' base, is in
+stages/models/discriminative.py, itself light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stages.core.schema import Checks, option, train_and_selection_splits
+
+
+@dataclass
+class GenerativeFitConfig:
+    """Optimisation and selection keys shared by the trained generative classifiers."""
+
+    kind: str = option("method family")
+    lr: float = option("AdamW learning rate")
+    weight_decay: float = option("AdamW weight decay")
+    epochs: int = option("training epochs")
+    batch_size: int = option("minibatch size")
+    selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
+    eval_every: int = option("score the splits (for selection and history) every N epochs and at the last")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """The splits whose rows can change the trained weights: train, and the selection split."""
+        return train_and_selection_splits(self.selection)
+
+    def check(self, c: Checks) -> None:
+        c.minibatch(self)
+        c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
+
+
+SHRINK_TARGETS = ("scaled_identity", "diagonal", "identity")
+
+
+@dataclass
+class GaussianConfig:
+    """The keys of a Gaussian classifier fitted in closed form (its own schema names it)."""
+
+    kind: str = option("method family")
+    shrinkage: float = option("covariance shrinkage λ towards `shrink_target` (per class where each has its own), in [0, 1]")
+    shrink_target: str = option("what the covariance shrinks towards: scaled_identity ((tr Σ/d)·I) | diagonal (diag Σ) | identity (I)")
+
+    def reads_splits(self) -> tuple[str, ...]:
+        """Fitted in closed form on train."""
+        return ("train",)
+
+    def check(self, c: Checks) -> None:
+        c.prob(self.shrinkage, "shrinkage")
+        c.choice(self.shrink_target, "shrink_target", SHRINK_TARGETS)
