@@ -24,6 +24,7 @@ from stages.core.io import (
     write_parquet_stream,
 )
 from stages.datasets.images import PIXEL_ENCODING
+from stages.validation import expectations, suite
 
 DIM = 3
 PARAMS = "validate:\n  min_group_count: 3\n  rho_tolerance: 0.05\n  min_shift: 0.2\n"
@@ -149,7 +150,7 @@ def test_rerun_gives_identical_json_and_docs(workdir, capsys):
     assert out == (
         f"validate: validated data/prepared/toy.parquet: {n}/{n} expectations passed; "
         "docs in data/validated/toy_docs/index.html; "
-        + stage.MISSING_SEPARATION.format(path="data/prepared/toy.parquet", dataset="toy")
+        + expectations.MISSING_SEPARATION.format(path="data/prepared/toy.parquet", dataset="toy")
     )
     assert outputs_hash() == before
 
@@ -286,15 +287,15 @@ def test_missing_metadata_key_is_a_clear_error(workdir, capsys):
 
 def test_required_shift_follows_configured_shift():
     cfg = defaults("validate", "default", min_group_count=3, rho_tolerance=0.05, min_shift=0.2)
-    assert stage.required_shift(0.95, 0.05, cfg) == 0.2
-    assert stage.required_shift(0.9, 0.8, cfg) == pytest.approx(0.05)  # small configured shift
+    assert expectations.required_shift(0.95, 0.05, cfg) == 0.2
+    assert expectations.required_shift(0.9, 0.8, cfg) == pytest.approx(0.05)  # small configured shift
     # a no-shift control still gets the expectation, with a bound it can meet
-    assert stage.required_shift(0.9, 0.9, cfg) == 0.0
+    assert expectations.required_shift(0.9, 0.9, cfg) == 0.0
 
 
 def test_suite_bounds_come_from_metadata():
     meta = {"n_classes": 3, "n_attrs": 4, "shape": [2, 5], "rho_train": 0.9, "rho_ood": 0.1}
-    suite = stage.build_checks(meta, defaults("validate", "default"))
+    suite = expectations.build_checks(meta, defaults("validate", "default"))
     checks = {c.name: c for c in suite}
     assert len(checks) == len(suite)  # names are unique identifiers
     assert checks["domain[g]"].kwargs["value_set"] == list(range(12))
@@ -389,7 +390,7 @@ def test_x_is_streamed_in_bounded_batches_never_read_whole(workdir, monkeypatch)
         frames.update(f)
         return run_suite(f, checks, dataset, docs_out)
 
-    run_suite = stage.run_suite
+    run_suite = suite.run_suite
     monkeypatch.setattr(stage, "read_parquet", spy_read)
     monkeypatch.setattr(stage, "iter_parquet_batches", spy_batches)
     monkeypatch.setattr(stage, "run_suite", spy_suite)
