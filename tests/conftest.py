@@ -9,7 +9,21 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tmp_path as the working directory (the repo root a stage sees), with a copy of params.yaml.
+    A module that needs more there (a prepared file) extends it under the same name."""
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,6 @@ under-training flag (`history.convergence`) and where the report shows it."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -23,7 +21,7 @@ from stages.models.history import (
 from stages.reporting import render
 from tests.test_evaluate_report import fake_metrics
 from tests.test_generative import blobs, diffusion_cfg
-from tests.test_train import DS, REPO, write_prepared
+from tests.test_train import DS, write_prepared
 
 
 def curve(values: list[float]) -> list[dict]:
@@ -84,11 +82,10 @@ def test_the_report_explains_the_thresholds_the_rule_uses():
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    write_prepared(tmp_path)
-    return tmp_path
+def workdir(workdir):
+    """conftest's workdir with a prepared file written."""
+    write_prepared(workdir)
+    return workdir
 
 
 @pytest.mark.parametrize("method", ["erm", "groupdro", "jtt"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +32,6 @@ META_KEYS = {
     "params",
     "split_sizes",
 }
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A tmp folder holding a copy of params.yaml, as the working directory."""
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _write(dataset: str, cfg: object, path: Path) -> bytes:

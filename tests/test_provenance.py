@@ -27,7 +27,7 @@ from stages.core.io import ArtifactError, read_json, read_metadata, read_weights
 from stages.core.settings import EvaluateConfig
 from stages.evaluation import comparison
 from stages.models import CONFIG, EMBEDDINGS, ENCODER, HISTORY, WEIGHTS
-from tests.test_train import DS, REPO, write_prepared
+from tests.test_train import DS, write_prepared
 
 FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]", "method.groupdro.epochs=2", "method.groupdro.hidden=[8]"]
 EVAL = ["evaluate.shift_regenerate_n=0", "evaluate.bootstrap_resamples=0"]  # the toy file has no generator params
@@ -35,12 +35,10 @@ PREPARED = prepared_path(DS).as_posix()
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """tmp_path as the repo root: params.yaml copied in, a prepared file written."""
-    monkeypatch.chdir(tmp_path)
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    write_prepared(tmp_path)
-    return tmp_path
+def workdir(workdir):
+    """conftest's workdir with a prepared file written."""
+    write_prepared(workdir)
+    return workdir
 
 
 def sha256(path: Path) -> str:

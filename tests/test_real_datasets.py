@@ -8,7 +8,6 @@ mapping documented in docs/datasets.md; every bad-input case has a test.
 from __future__ import annotations
 
 import csv
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -135,13 +134,6 @@ MAKERS = {
     "camelyon17": make_camelyon17,
     "civilcomments": make_civilcomments,
 }
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def prepare(dataset: str, *overrides: str) -> int:

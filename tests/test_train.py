@@ -60,12 +60,10 @@ def write_prepared(root: Path, seed: int = 0, shuffle_labels: bool = False) -> P
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """tmp_path as the repo root: params.yaml copied in, a prepared file written."""
-    monkeypatch.chdir(tmp_path)
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    write_prepared(tmp_path)
-    return tmp_path
+def workdir(workdir):
+    """conftest's workdir with a prepared file written."""
+    write_prepared(workdir)
+    return workdir
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:

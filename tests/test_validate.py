@@ -101,7 +101,7 @@ def validated(tmp_path_factory):
 
 
 @pytest.fixture
-def workdir(validated, monkeypatch):
+def validated_cwd(validated, monkeypatch):
     monkeypatch.chdir(validated)
     return validated
 
@@ -112,7 +112,7 @@ def outputs_hash() -> str:
     )
 
 
-def test_valid_data_passes_and_writes_json_and_docs(workdir):
+def test_valid_data_passes_and_writes_json_and_docs(validated_cwd):
     report = json.loads(validated_path("toy").read_text())
     assert report["success"] and report["dataset"] == "toy" and report["n_failed"] == 0
     names = [e["name"] for e in report["expectations"]]
@@ -137,7 +137,7 @@ def test_valid_data_passes_and_writes_json_and_docs(workdir):
     assert list((data_docs_dir("toy") / "validations").rglob("*.html"))
 
 
-def test_rerun_gives_identical_json_and_docs(workdir, capsys):
+def test_rerun_gives_identical_json_and_docs(validated_cwd, capsys):
     before = outputs_hash()
     # A staging folder left by a killed run (its pid is gone) is swept by the next run.
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
@@ -155,7 +155,7 @@ def test_rerun_gives_identical_json_and_docs(workdir, capsys):
     assert outputs_hash() == before
 
 
-def test_separation_and_prediction_are_reported_and_a_missing_one_is_a_note(workdir, capsys):
+def test_separation_and_prediction_are_reported_and_a_missing_one_is_a_note(validated_cwd, capsys):
     # toy's file predates `separation`: it validates, and the report says how to record it
     report = json.loads(validated_path("toy").read_text())
     assert report["separation"] is None and "re-run `dvc repro -f prepare@toy`" in report["predicted_direction"]
@@ -220,7 +220,7 @@ def _train_without_a_group(c):
         (_train_without_a_group, "groups_present[train]", "train has 0 example(s) of group g=2 (y=1, a=0)"),
     ],
 )
-def test_broken_data_fails_and_keeps_previous_outputs(workdir, capsys, breakage, failing, detail):
+def test_broken_data_fails_and_keeps_previous_outputs(validated_cwd, capsys, breakage, failing, detail):
     before = outputs_hash()
     cols = make_columns()
     breakage(cols)
@@ -248,7 +248,7 @@ def failing(dataset: str) -> list[str]:
     return [e["name"] for e in report["expectations"] if not e["success"]]
 
 
-def test_a_file_prepared_for_another_dataset_or_kind_fails(workdir, capsys):
+def test_a_file_prepared_for_another_dataset_or_kind_fails(validated_cwd, capsys):
     # the metadata names the dataset prepare was asked for: a file copied over another's fails
     cols = make_columns()
     write_parquet(contract_table(cols, numpy_to_fixed_list(cols["x"])), prepared_path("ident"), prepared_schema(DIM),
@@ -267,7 +267,7 @@ def test_a_file_prepared_for_another_dataset_or_kind_fails(workdir, capsys):
     assert stage.main(["ident", "--params", "kinds.yaml"]) == 0
 
 
-def test_an_image_file_listed_twice_fails(workdir):
+def test_an_image_file_listed_twice_fails(validated_cwd):
     cols = make_columns()
     files = [f"img/{i:03d}.jpg" for i in range(len(cols["id"]))]
     files[40] = files[1]  # a train image again, in val
@@ -278,7 +278,7 @@ def test_an_image_file_listed_twice_fails(workdir):
     assert [e["name"] for e in bad] == ["file_unique"] and bad[0]["unexpected_rows"] == [1, 40]
 
 
-def test_missing_metadata_key_is_a_clear_error(workdir, capsys):
+def test_missing_metadata_key_is_a_clear_error(validated_cwd, capsys):
     write_prepared("nometa", make_columns(), drop=("rho_train",))
     assert stage.main(["nometa"]) == 2
     assert "rho_train" in capsys.readouterr().err
@@ -343,7 +343,7 @@ def report_of(dataset: str) -> dict:
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["valid", "duplicate-id-across-row-groups"])
-def test_multi_row_group_uint8_file_validates_like_one_row_group(workdir, monkeypatch, broken):
+def test_multi_row_group_uint8_file_validates_like_one_row_group(validated_cwd, monkeypatch, broken):
     monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
     cols = make_columns()
     if broken:
@@ -371,7 +371,7 @@ def test_multi_row_group_uint8_file_validates_like_one_row_group(workdir, monkey
         assert by_name["id_unique"]["unexpected_rows"] == [2, 70]
 
 
-def test_x_is_streamed_in_bounded_batches_never_read_whole(workdir, monkeypatch):
+def test_x_is_streamed_in_bounded_batches_never_read_whole(validated_cwd, monkeypatch):
     monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
     table = pixel_table(make_columns())
     write_pixels_streamed("pixspy", table, row_group_size=16)
@@ -406,7 +406,7 @@ def test_x_is_streamed_in_bounded_batches_never_read_whole(workdir, monkeypatch)
     assert (frames["rows"]["x_len"] == DIM).all()
 
 
-def test_corrupt_x_is_reported_row_wise_across_batches(workdir, monkeypatch, capsys):
+def test_corrupt_x_is_reported_row_wise_across_batches(validated_cwd, monkeypatch, capsys):
     """Variable-length, null and non-finite rows of x far past the first batch name their rows."""
     monkeypatch.setattr(stage, "X_BATCH_BYTES", BATCH_ROWS * DIM)
     cols = make_columns()
