@@ -215,7 +215,7 @@ def plan(
     def code(stage: str, modules: tuple[str, ...]) -> list[str]:  # items share kinds: once per kind
         return kind_code(stage, modules, root)
 
-    from stages.models.external import LOCAL_FILES
+    from stages.core.schema import LOCAL_FILES
 
     dmod = {d: f"stages.datasets.{dkind(d)}" for d in run["datasets"]}
     out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,16 @@ def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictC
     return OmegaConf.create(module.plan(plain(run, resolve=True), plain(datasets), plain(methods), plain(phase), root))
 
 
+def _in_dvc_experiment() -> bool:
+    """Whether this composition is `dvc exp run`'s (DVC's experiments code is on the call stack):
+    it then runs the experiment, after a checkout that removes the outputs of stages the
+    experiment lacks, so a missing download must stop it here. Composing alone (`make params`,
+    the tests' recipes) does not need the data."""
+    import traceback
+
+    return any(f"{os.sep}dvc{os.sep}repo{os.sep}experiments{os.sep}" in frame.filename for frame in traceback.extract_stack())
+
+
 def check(config: DictConfig, root: Path) -> None:
     """Validate the composed `config` (all but `dag`, which is being resolved) with the project's
     `stages.core.config.check_composed`; a ConfigError says what is wrong in one line.
@@ -92,6 +103,8 @@ def check(config: DictConfig, root: Path) -> None:
         sys.path.remove(path)
     try:
         config_module.check_composed(composed)
+        if _in_dvc_experiment():  # about to run: what it reads from outside the DAG must be there
+            config_module.check_inputs(composed)
     except config_module.ConfigError as e:
         lines = [ln.removeprefix("params.yaml: ") for ln in str(e).splitlines() if ln.strip()]
         raise config_module.ConfigError(

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from stages.core import registry
-from stages.core.schema import ConfigError, check
+from stages.core.schema import LOCAL_FILES, ConfigError, check
 from stages.core.settings import (
     DistillConfig,
     EvaluateConfig,
@@ -206,6 +206,32 @@ def check_all(params: DictConfig) -> RunConfig:
     dataset_section(params, "phase.base")
     method_section(params, "phase.generative")
     return run
+
+
+def check_inputs(params: DictConfig) -> None:
+    """What the run needs from outside the DAG is there: each real benchmark's raw folder (its
+    files, its CSVs' columns: the schema's `check_files`, stages/datasets/raw.py) and each
+    method's local weights and vocabulary files. A cheap look (no file is read past a CSV's
+    header), run by `stages.core.config check` (`make check`) and while `dvc exp run` composes
+    params.yaml — before DVC's checkout, which removes the outputs of stages the experiment does
+    not have: a recipe whose data is missing is refused with the workspace as it was."""
+    from stages.core.io import ArtifactError
+
+    run = section(params, "run", RunConfig)
+    try:
+        for name in run.datasets:
+            cfg = dataset_config(params, name)
+            if hasattr(cfg, "check_files"):
+                cfg.check_files(name)
+        for name in run.methods:
+            cfg = method_config(params, name)
+            for key in LOCAL_FILES:
+                value = getattr(cfg, key, None)
+                if value and not Path(value).is_file():
+                    raise ConfigError(f"method.{name}.{key}: {value}: no such file (docs/datasets.md, "
+                                      "'Published-scale recipes', says how to make it)")
+    except ArtifactError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_composed(params: DictConfig) -> RunConfig:
@@ -392,8 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         params = load_params(args.params, args.overrides)
         run = check_composed(params)
-        if args.command == "check":  # and this machine can run it: a CUDA runtime where there is none stops here
-            from stages.core.runtime import resolve
+        if args.command == "check":
+            check_inputs(params)  # the raw data and weights files the run reads are there
+            from stages.core.runtime import (
+                resolve,  # and this machine can run it: a CUDA runtime where there is none stops here
+            )
 
             resolve(section(params, "runtime", RuntimeConfig))
         if args.command == "show":

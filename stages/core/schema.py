@@ -59,6 +59,11 @@ def train_and_selection_splits(selection: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(("train", SELECTION_SPLIT.get(selection, "val"))))
 
 
+LOCAL_FILES = ("weights", "vocab")
+"""Method config keys that name a local file a network starts from (its weights, its tokenizer's
+vocabulary): the train stage's DVC deps (stages/dag.py), provenance inputs and resume fingerprint,
+and what `dvc exp run` checks exists before it starts (stages/core/config.py `check_inputs`)."""
+
 class Checks:
     """Collects range checks; `key` is relative to the section."""
 

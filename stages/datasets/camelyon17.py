@@ -30,7 +30,7 @@ from stages.datasets.images import check_images
 
 
 @dataclass
-class Camelyon17Config:
+class Camelyon17Config(raw.RawFolder):
     """Camelyon17 patches (WILDS v1.0) from data/raw: y = tumor, a = hospital (center); test_ood = held-out centers."""
 
     kind: str = option("dataset loader")
@@ -42,6 +42,12 @@ class Camelyon17Config:
     test_id_frac: float = option("fraction of the train-center train split moved to test_id, per group")
     on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
     workers: int = option("decoding processes (0 = one per core)")
+
+    def raw_files(self) -> dict[str, tuple[str, ...]]:
+        return {"metadata.csv": COLUMNS}
+
+    def where(self) -> str:
+        return WHERE
 
     def check(self, c: Checks) -> None:
         check_images(c, self.resolution, self.on_bad_image, self.workers)
@@ -74,8 +80,8 @@ def patch_path(patient: int, node: int, x: int, y: int) -> str:
 
 def load(dataset: str, cfg: Camelyon17Config, out: Path) -> str:
     """Read the raw folder, map splits and groups, decode the patches and write `out`."""
-    root = raw.require_dir(cfg.root, dataset, WHERE)
-    csv = raw.require_file(root / "metadata.csv", dataset, WHERE)
+    csv = cfg.check_files(dataset)["metadata.csv"]
+    root = csv.parent
     df = raw.read_csv(csv, COLUMNS)
     y = raw.int_column(df, "tumor", csv, (0, 1))
     center = raw.int_column(df, "center", csv, tuple(range(N_CENTERS)))

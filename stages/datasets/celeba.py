@@ -29,7 +29,7 @@ from stages.datasets.images import check_images
 
 
 @dataclass
-class CelebAConfig:
+class CelebAConfig(raw.RawFolder):
     """CelebA from data/raw (attribute + partition CSVs): y = target attribute, a = spurious attribute."""
 
     kind: str = option("dataset loader")
@@ -41,6 +41,12 @@ class CelebAConfig:
     test_ood_frac: float = option("fraction of the official test split (per group) from which the group-balanced test_ood is drawn")
     on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
     workers: int = option("decoding processes (0 = one per core)")
+
+    def raw_files(self) -> dict[str, tuple[str, ...]]:
+        return {ATTR_FILE: ("image_id", self.target, self.attribute), PARTITION_FILE: ("image_id", "partition")}
+
+    def where(self) -> str:
+        return WHERE
 
     def check(self, c: Checks) -> None:
         check_images(c, self.resolution, self.on_bad_image, self.workers)
@@ -75,11 +81,11 @@ def image_dir(root: Path) -> Path:
 
 def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
     """Read the raw folder, map splits and groups, decode the images and write `out`."""
-    root = raw.require_dir(cfg.root, dataset, WHERE)
-    attr_csv = raw.require_file(root / ATTR_FILE, dataset, WHERE)
-    part_csv = raw.require_file(root / PARTITION_FILE, dataset, WHERE)
-    attrs = raw.read_csv(attr_csv, ("image_id", cfg.target, cfg.attribute))
-    parts = raw.read_csv(part_csv, ("image_id", "partition"))
+    files = cfg.check_files(dataset)
+    attr_csv, part_csv = files[ATTR_FILE], files[PARTITION_FILE]
+    root = attr_csv.parent
+    attrs = raw.read_csv(attr_csv, cfg.raw_files()[ATTR_FILE])
+    parts = raw.read_csv(part_csv, cfg.raw_files()[PARTITION_FILE])
     y = (raw.int_column(attrs, cfg.target, attr_csv, (-1, 1)) == 1).astype(np.int64)
     a = (raw.int_column(attrs, cfg.attribute, attr_csv, (-1, 1)) == 1).astype(np.int64)
     part_ids = raw.file_names(raw.text_column(parts, "image_id"))

@@ -33,7 +33,7 @@ from stages.evaluation import regime
 
 
 @dataclass
-class CivilCommentsConfig:
+class CivilCommentsConfig(raw.RawFolder):
     """CivilComments (WILDS CSV) from data/raw: y = toxic, a = any configured identity mentioned."""
 
     kind: str = option("dataset loader")
@@ -43,6 +43,12 @@ class CivilCommentsConfig:
     seed: int = option("seed of the test_id / test_ood split of the official test split")
     test_ood_frac: float = option("fraction of the official test split (per group) from which the group-balanced test_ood is drawn")
     vocab_size: int = option("most frequent train words kept as bag-of-words features in x")
+
+    def raw_files(self) -> dict[str, tuple[str, ...]]:
+        return {FILE: ("comment_text", "toxicity", "split", *self.identities)}
+
+    def where(self) -> str:
+        return WHERE
 
     def check(self, c: Checks) -> None:
         c.require(len(self.identities) > 0, "identities", "must not be empty")
@@ -70,9 +76,8 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
 
     from stages.core.text import bag_of_words, build_vocab
 
-    root = raw.require_dir(cfg.root, dataset, WHERE)
-    csv = raw.require_file(root / FILE, dataset, WHERE)
-    df = raw.read_csv(csv, ("comment_text", "toxicity", "split", *cfg.identities), optional=("id",))
+    csv = cfg.check_files(dataset)[FILE]
+    df = raw.read_csv(csv, cfg.raw_files()[FILE], optional=("id",))
     y = (raw.score_column(df, "toxicity", csv) >= cfg.threshold).astype(np.int64)
     identity = np.stack([raw.score_column(df, c, csv) for c in cfg.identities], axis=1)
     a = (identity >= cfg.threshold).any(axis=1).astype(np.int64)

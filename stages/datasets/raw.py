@@ -50,17 +50,10 @@ def require_file(path: Path, dataset: str, where: str) -> Path:
     return path
 
 
-def read_csv(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> Any:
-    """The named columns of a CSV file as a pyarrow Table of strings (empty fields are null).
-
-    A missing column names the file and the column; `optional` columns are read where the
-    file has them. Values are parsed by `int_column`, `score_column` and `text_column`, which
-    name the row of any bad one.
-    """
+def csv_header(path: Path, columns: Sequence[str]) -> list[str]:
+    """The header of a CSV file, which must hold `columns` (else an error naming the file and the
+    missing columns). Reads the first line only."""
     import csv
-
-    import pyarrow as pa
-    from pyarrow import csv as pacsv
 
     try:
         with open(path, newline="", encoding="utf-8") as f:
@@ -73,6 +66,47 @@ def read_csv(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -
             f"{path}: missing column(s) {missing}; the file has {header[:12]}{' ...' if len(header) > 12 else ''}. "
             f"Is this the right file of the public release? See {DOCS}"
         )
+    return header
+
+
+class RawFolder:
+    """What a real benchmark's schema adds: `raw_files()`, the files its download must hold at the
+    top of `root` (and, for a CSV, the columns it reads), and `check_files`, which checks them
+    cheaply — the folder, each file, each CSV's header — before any work: prepare's loader
+    calls it first, and so does `dvc exp run`'s composition (stages/core/config.py
+    `check_inputs`), so an experiment on a dataset not yet downloaded is refused before DVC
+    touches the workspace."""
+
+    def raw_files(self) -> dict[str, tuple[str, ...]]:
+        """{file at the top of `root`: the columns read from it (empty: not a CSV, or read whole)}."""
+        raise NotImplementedError
+
+    def where(self) -> str:
+        """Where the download comes from (for the error that says how to get it)."""
+        raise NotImplementedError
+
+    def check_files(self, dataset: str) -> dict[str, Path]:
+        """{file name: path} of `raw_files()`, each checked (errors say where to get the data)."""
+        root = require_dir(self.root, dataset, self.where())  # type: ignore[attr-defined]
+        out = {}
+        for name, columns in self.raw_files().items():
+            out[name] = require_file(root / name, dataset, self.where())
+            if name.endswith(".csv") and columns:
+                csv_header(out[name], columns)
+        return out
+
+
+def read_csv(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> Any:
+    """The named columns of a CSV file as a pyarrow Table of strings (empty fields are null).
+
+    A missing column names the file and the column; `optional` columns are read where the
+    file has them. Values are parsed by `int_column`, `score_column` and `text_column`, which
+    name the row of any bad one.
+    """
+    import pyarrow as pa
+    from pyarrow import csv as pacsv
+
+    header = csv_header(path, columns)
     columns = [*columns, *(c for c in optional if c in header and c not in columns)]
     try:
         return pacsv.read_csv(

@@ -25,7 +25,7 @@ from stages.datasets.images import check_images
 
 
 @dataclass
-class WaterbirdsConfig:
+class WaterbirdsConfig(raw.RawFolder):
     """Waterbirds (waterbird_complete95_forest2water2) from data/raw: y = waterbird, a = water background."""
 
     kind: str = option("dataset loader")
@@ -35,6 +35,12 @@ class WaterbirdsConfig:
     test_id_frac: float = option("fraction of the official train split moved to test_id, per group")
     on_bad_image: str = option("an image that fails to decode: error | skip (counted in the metadata)")
     workers: int = option("decoding processes (0 = one per core)")
+
+    def raw_files(self) -> dict[str, tuple[str, ...]]:
+        return {"metadata.csv": COLUMNS}
+
+    def where(self) -> str:
+        return WHERE
 
     def check(self, c: Checks) -> None:
         check_images(c, self.resolution, self.on_bad_image, self.workers)
@@ -61,8 +67,8 @@ SOURCE = "Sagawa et al. 2020 (group DRO), Waterbirds group counts"
 
 def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
     """Read the raw folder, map splits and groups, decode the images and write `out`."""
-    root = raw.require_dir(cfg.root, dataset, WHERE)
-    csv = raw.require_file(root / "metadata.csv", dataset, WHERE)
+    csv = cfg.check_files(dataset)["metadata.csv"]
+    root = csv.parent
     df = raw.read_csv(csv, COLUMNS)
     y = raw.int_column(df, "y", csv, (0, 1))
     a = raw.int_column(df, "place", csv, (0, 1))

@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stages.core.io import ArtifactError
+from stages.core.schema import LOCAL_FILES
 
 if TYPE_CHECKING:
     from torch import nn
 
-LOCAL_FILES = ("weights", "vocab")
-"""Method config keys that name a local file a network starts from (its weights, its tokenizer's
-vocabulary): the train stage's DVC deps (stages/dag.py), provenance inputs and resume fingerprint."""
 
 
 def local_files(cfg: object) -> list[Path]:
