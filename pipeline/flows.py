@@ -76,9 +76,9 @@ from prefect.exceptions import TerminationSignal  # noqa: E402
 from prefect.states import Cancelled  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
-from pipeline.dvc_server import DvcServerDied  # noqa: E402
 from pipeline.lock import BUSY_EXIT, WorkspaceBusy  # noqa: E402
 from pipeline.parallel import DvcWorkspace, StagePool, cores  # noqa: E402
+from pipeline.stage_helper import HelperDied  # noqa: E402
 
 LEADERBOARD_COLUMNS = ("dataset", "model", "seed", "split", "acc", "worst_group_acc", "ece")
 KEY_PREFIX = "shiftlab"
@@ -248,7 +248,7 @@ def run_stage(stage: str, workspace: DvcWorkspace, pool: StagePool, force: bool 
         lines: list[str] = []
         try:
             rc = pool.run(command, begun.cwd, begun.env, lambda text, lines=lines: (lines.append(text), live(text)))
-        except DvcServerDied as e:
+        except HelperDied as e:
             rc = -1
             lines.append(str(e))
         live.flush()

@@ -17,7 +17,7 @@ a first run's dvc.lock is byte-identical.
 
 `StagePool` runs part 2. A command `python -m <module> <args>` (every stage of this project) is
 forked from a warm helper process that has already imported the libraries the stages use
-(pipeline/dvc_server.py, `kind="stages"`): the same module, arguments, working directory and
+(pipeline/stage_helper.py): the same module, arguments, working directory and
 environment DVC would give it, without paying the interpreter and torch start-up per stage. Any
 other command runs as DVC runs it (its shell, `-c`).
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.dvc_server import DvcRunner
+from pipeline.stage_helper import StageHelper
 
 
 @dataclass
@@ -246,8 +246,8 @@ class StagePool:
     def __init__(self, root: str, size: int, env: Mapping[str, str]) -> None:
         self.root = root
         self.env = dict(env)
-        self.idle: queue.Queue[DvcRunner] = queue.Queue()
-        self.helpers = [DvcRunner(root, self.env, kind="stages") for _ in range(max(1, size))]
+        self.idle: queue.Queue[StageHelper] = queue.Queue()
+        self.helpers = [StageHelper(root, self.env) for _ in range(max(1, size))]
         for helper in self.helpers:
             self.idle.put(helper)
         self.starting = threading.Lock()

@@ -145,7 +145,7 @@ def wait_until_both_run(root: Path, flow: subprocess.Popen[str], marker: str) ->
     running = run_processes(marker)
     assert sum("-m pipeline.flows" in p for p in running) == 2, running
     assert any("uvicorn" in p and "prefect.server" in p for p in running), running
-    assert sum("pipeline.dvc_server" in p for p in running) == 3, running  # 2 helpers, 1 fork of one
+    assert sum("pipeline.stage_helper" in p for p in running) == 3, running  # 2 helpers, 1 fork of one
     assert any(p.endswith("python block.py b ") for p in running), running
 
 

@@ -1,29 +1,23 @@
-"""A warm helper process that forks one child per command: Python starts and imports once.
+"""Warm helper processes that fork one child per stage command: Python starts and imports once.
 
-Two kinds. `stages` (what the `pipeline` flow uses, pipeline/parallel.py): the helper imports
-the libraries the stage commands use (STAGE_PRELOAD: torch alone is ~1.4 s) and each request
-`python -m <module> <args>` runs in a fork of it, in the given working directory and
-environment, importing the project's own modules fresh. `dvc` (the default): the helper imports
-DVC once and each request runs DVC's own CLI entry point (`dvc.cli.main`), exactly as `dvc
-<argv>` from a shell; the flow used it for `dvc repro --single-item <stage>` before it did DVC's
-bookkeeping in-process, and it is kept for running DVC commands without DVC's start-up. In
-both, the child's stdout and stderr (and those of any process it starts) go to a pipe, and it
-exits with the command's exit code. The helper is single-threaded, so forking it is safe (the
-flow's own process is not: Prefect runs threads).
+The `pipeline` flow (pipeline/parallel.py) runs each `python -m <module> <args>` stage command
+in a fork of a helper that has already imported the libraries the stages use (STAGE_PRELOAD:
+torch alone is ~1.4 s), in the working directory and environment DVC would give it, importing the
+project's own modules fresh. The child's stdout and stderr (and those of any process it starts)
+go to a pipe, and it exits with the command's exit code. The helper is single-threaded, so
+forking it is safe (the flow's own process is not: Prefect runs threads).
 
-Protocol, one JSON object per line: the flow writes `{"argv": [...]}` (kind `dvc`) or
-`{"module": ..., "args": [...], "cwd": ..., "env": {...}}` (kind `stages`) to the helper's stdin and
-reads from its stdout `{"pid": <pid>}` when the command starts (it leads its own process group,
-which `DvcRunner.signal_command` signals), `{"out": "<text>"}` for each piece of the command's output
-(stdout and stderr) as it comes, then `{"rc": <exit code>}`. The helper exits at end of input.
-It runs in its own process group, so a terminal's Ctrl-C does not reach it: the flow decides
-how its commands stop. On SIGTERM/SIGINT it passes the signal to the running command's process
-group (DVC and the stage command it started; SIGKILL after GRACE_S) and exits; it does the same
-when the flow's process dies (its parent changes) during a command.
+Protocol, one JSON object per line: the flow writes `{"module": ..., "args": [...], "cwd": ...,
+"env": {...}}` to the helper's stdin and reads from its stdout `{"pid": <pid>}` when the command
+starts (it leads its own process group, which `StageHelper.signal_command` signals),
+`{"out": "<text>"}` for each piece of the command's output (stdout and stderr) as it comes, then
+`{"rc": <exit code>}`. The helper exits at end of input. It runs in its own process group, so a
+terminal's Ctrl-C does not reach it: the flow decides how its commands stop. On SIGTERM/SIGINT it
+passes the signal to the running command's process group (SIGKILL after GRACE_S) and exits; it
+does the same when the flow's process dies (its parent changes) during a command.
 
-    runner = DvcRunner(root)        # the helper starts in `root` at the first run()
-    rc, output = runner.run(["repro", "--single-item", "report"])
-    runner.close()
+    with StageHelper(root, env) as helper:   # the helper starts at the first request
+        rc, output = helper.run_module("stages.report", [], root, env)
 """
 
 from __future__ import annotations
@@ -51,25 +45,11 @@ _child = 0  # pid of the command running now (helper side)
 _protocol_fds: list[int] = []  # the helper's request/reply fds, closed in each forked command
 
 
-class DvcServerDied(RuntimeError):
+class HelperDied(RuntimeError):
     """The helper process ended without answering (killed, out of memory...)."""
 
 
 # ---- helper side -----------------------------------------------------------------------------
-
-# What `dvc repro` imports (DVC imports most lazily), measured with DVC 3.67: importing it once
-# here saves each forked command ~0.1 s. Importing only: running DVC in the helper would start
-# threads (tqdm's monitor) and open files that forked children must not share.
-PRELOAD = (
-    "dvc.cli", "dvc.cli.parser", "dvc.commands.repro", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.stage",
-    "dvc.repo.params", "dvc.repo.metrics", "dvc.repo.plots", "dvc.repo.artifacts", "dvc.repo.datasets",
-    "dvc.repo.open_repo", "dvc.dvcfile", "dvc.utils.strictyaml", "dvc.lock", "dvc.rwlock", "dvc.scm",
-    "dvc.cachemgr", "dvc.data_cloud", "dvc.analytics", "dvc.stage.run", "dvc.stage.cache",
-    "dvc_data.hashfile.db.local", "dvc_data.hashfile.status", "scmrepo.git", "scmrepo.git.backend.dulwich",
-    "scmrepo.git.backend.pygit2", "scmrepo.git.backend.gitpython", "dulwich.repo", "ruamel.yaml", "psutil",
-    "flufl.lock", "zc.lockfile", "platformdirs",
-)
-
 
 # What the stage commands import before their own work (`python -X importtime -m stages.evaluate`:
 # torch 1.4 s, pandas 0.2 s, numpy 0.1 s, pyarrow, omegaconf): a helper started with `stages`
@@ -81,7 +61,7 @@ STAGE_PRELOAD = (
 )
 
 
-def preload(names: Sequence[str] = PRELOAD) -> None:
+def preload(names: Sequence[str] = STAGE_PRELOAD) -> None:
     """Import `names`; a module this environment lacks is skipped (the command imports what it needs)."""
     import importlib
 
@@ -90,17 +70,11 @@ def preload(names: Sequence[str] = PRELOAD) -> None:
             importlib.import_module(name)
 
 
-def run_dvc(argv: Sequence[str]) -> int:
-    """In a forked child: DVC's CLI entry point, as `dvc <argv>` from a shell."""
-    from dvc.cli import main
-
-    return main(list(argv))
-
-
 def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str]) -> int:
     """In a forked child: `python -m <module> <args>` run in `cwd` with exactly `env`, as DVC
     would start it (the module is imported fresh from `cwd`; only third-party libraries were
     preloaded); its exit code."""
+    import importlib.util
     import runpy
 
     os.chdir(cwd)
@@ -108,6 +82,13 @@ def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str
     os.environ.update(env)
     sys.path[0] = cwd  # what `python -m` puts first
     sys.argv = [module, *args]  # runpy sets argv[0] to the module's file, as `-m` does
+    try:
+        found = importlib.util.find_spec(module)
+    except ImportError:  # a missing parent package
+        found = None
+    if found is None:  # as `python -m` says it
+        print(f"{sys.executable}: No module named {module}", file=sys.stderr)
+        return 1
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
@@ -118,11 +99,8 @@ def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str
     return 0
 
 
-def run_forked(
-    argv: Sequence[str], emit: Callable[[str], None], target: Callable[[], int] | None = None,
-    started: Callable[[int], None] | None = None,
-) -> int:
-    """`dvc <argv>` (or `target()`) in a forked child; its exit code (negative signal number if killed).
+def run_forked(target: Callable[[], int], emit: Callable[[str], None], started: Callable[[int], None] | None = None) -> int:
+    """`target()` in a forked child; its exit code (negative signal number if killed).
 
     `started(pid)` is told the child's pid (the leader of its process group) once it runs; the
     command's output goes to `emit` as it arrives.
@@ -133,10 +111,10 @@ def run_forked(
     # (the helper's would end it as if the helper were told to stop).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     pid = os.fork()
-    if pid == 0:  # child: DVC's CLI with stdout+stderr into the pipe
+    if pid == 0:  # child: the command with stdout+stderr into the pipe
         rc = 255
         try:
-            os.setpgid(0, 0)  # its own process group, with the stage command: one signal stops both
+            os.setpgid(0, 0)  # its own process group, with whatever it starts: one signal stops all
             for fd in (read_end, *_protocol_fds):
                 os.close(fd)
             os.dup2(write_end, 1)
@@ -145,7 +123,7 @@ def run_forked(
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            rc = target() if target is not None else run_dvc(argv)
+            rc = target()
         except BaseException as e:  # noqa: BLE001 - report anything, the parent only sees the exit code
             import traceback
 
@@ -181,12 +159,12 @@ def run_forked(
                 continue
             if os.getppid() != _parent:  # the flow's process died: stop the command too
                 _forward(signal.SIGTERM, None)
-            if status is not None:  # DVC is gone and a second passed quietly: whatever holds the pipe is not its output
+            if status is not None:  # the command is gone and a second passed quietly: whatever holds the pipe is not its output
                 break
             done, status = os.waitpid(pid, os.WNOHANG)
             if not done:
                 status = None
-            elif os.WIFSIGNALED(status):  # DVC was killed (OOM killer, kill -9): stop the stage command it left
+            elif os.WIFSIGNALED(status):  # the command was killed (OOM killer, kill -9): stop what it left
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
     finally:
@@ -198,7 +176,7 @@ def run_forked(
 
 
 def _forward(signum: int, frame: FrameType | None) -> None:
-    """Stop the running command (DVC and the stage command it started) with the same signal, then the helper."""
+    """Stop the running command (its whole process group) with the same signal, then the helper."""
     if _child:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(_child, signum)
@@ -226,18 +204,13 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
 
     for line in requests:
         if line.strip():
-            request = json.loads(line)
-            if "module" in request:  # a stage command: `python -m <module> <args>`
-                target = functools.partial(run_module, request["module"], request["args"], request["cwd"], request["env"])
-                rc = run_forked([request["module"]], lambda text: reply(out=text), target, started)
-            else:
-                rc = run_forked(request["argv"], lambda text: reply(out=text), started=started)
-            reply(rc=rc)
+            request = json.loads(line)  # a stage command: `python -m <module> <args>`
+            target = functools.partial(run_module, request["module"], request["args"], request["cwd"], request["env"])
+            reply(rc=run_forked(target, lambda text: reply(out=text), started))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`main()`: the DVC helper; `main(["stages"])`: the stage-command helper (STAGE_PRELOAD)."""
-    argv = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    """The helper: preload STAGE_PRELOAD, then serve requests from stdin until it ends."""
     # The protocol gets private copies of stdin/stdout; fds 0 and 1 (which forked commands
     # inherit) become /dev/null and stderr, so nothing but replies reaches the flow's pipe.
     requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
@@ -249,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.dup2(2, 1)
     signal.signal(signal.SIGTERM, _forward)
     signal.signal(signal.SIGINT, _forward)
-    preload(STAGE_PRELOAD if list(argv) == ["stages"] else PRELOAD)
+    preload()
     serve(requests, replies)
     return 0
 
@@ -257,19 +230,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---- flow side -------------------------------------------------------------------------------
 
 
-class DvcRunner:
-    """A `pipeline.dvc_server` helper in `root`: `run(argv)` is `dvc <argv>` there.
-
-    With `kind="stages"` the helper preloads the stage commands' libraries instead of DVC, and
-    `run_module(module, args, cwd, env)` is `python -m <module> <args>` in a fork of it.
+class StageHelper:
+    """A `pipeline.stage_helper` helper process in `root`: `run_module(module, args, cwd, env)` is
+    `python -m <module> <args>` in a fork of it.
     The helper starts on the first request (a flow run with nothing to do never starts it), or
     at `start()`, and again if it has ended since.
     """
 
-    def __init__(self, root: str, env: Mapping[str, str] | None = None, kind: str = "dvc") -> None:
+    def __init__(self, root: str, env: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.env = dict(env) if env is not None else None
-        self.kind = kind
         self.proc: subprocess.Popen[str] | None = None
         self.guard = threading.RLock()  # `command`, `stop_signal`: the requesting thread vs signal_command() (from a signal handler, re-entrant)
         self.command = 0  # pid (= process group) of the command running now, 0 when none
@@ -280,9 +250,9 @@ class DvcRunner:
             self.close()
             # sys.path[0] is this project (not the workspace, nor in PYTHONPATH, which the
             # stage commands DVC starts would inherit)
-            code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.dvc_server import main; raise SystemExit(main())"
+            code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.stage_helper import main; raise SystemExit(main())"
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, *(["stages"] if self.kind == "stages" else [])],
+                [sys.executable, "-c", code],
                 cwd=self.root,
                 env=self.env,
                 process_group=0,  # a terminal's Ctrl-C is for the flow, which stops the commands in order
@@ -292,13 +262,6 @@ class DvcRunner:
                 encoding="utf-8",
             )
         return self.proc
-
-    def run(self, argv: Sequence[str], on_output: Callable[[str], None] | None = None) -> tuple[int, str]:
-        """Exit code and output (stdout+stderr) of `dvc <argv>`; DvcServerDied if the helper died meanwhile.
-
-        `on_output` gets the output piece by piece while the command runs.
-        """
-        return self._request({"argv": list(argv)}, on_output, f"dvc {' '.join(argv)}")
 
     def run_module(
         self, module: str, args: Sequence[str], cwd: str, env: Mapping[str, str], on_output: Callable[[str], None] | None = None
@@ -331,7 +294,7 @@ class DvcRunner:
         finally:
             with self.guard:
                 self.command = 0
-        raise DvcServerDied(f"the helper process (pipeline.dvc_server in {self.root}) ended ({self._ended(proc)}) "
+        raise HelperDied(f"the helper process (pipeline.stage_helper in {self.root}) ended ({self._ended(proc)}) "
                             f"before finishing `{what}`")
 
     def _started(self, pid: int) -> None:
@@ -383,7 +346,7 @@ class DvcRunner:
                 with contextlib.suppress(BrokenPipeError):
                     stream.close()
 
-    def __enter__(self) -> DvcRunner:
+    def __enter__(self) -> StageHelper:
         return self
 
     def __exit__(self, *exc: object) -> None:
