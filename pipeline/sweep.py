@@ -49,7 +49,8 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from pipeline.flows import artifact_key, dvc_bin, tool_env  # noqa: E402
+from pipeline.flows import dvc_bin, tool_env  # noqa: E402
+from pipeline.publish import artifact_key  # noqa: E402
 
 SWEEPS_DIR = Path("data") / "reports" / "sweeps"
 METRIC_COLUMNS = ("n", "acc", "worst_group_acc", "avg_acc_weighted", "balanced_acc", "ece", "nll", "brier")

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("stages",)
 ENTRYPOINTS = ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
-SLOTS = 16  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
+SLOTS = 20  # per-item code files a stage may add to its entrypoint's; more is an error (raise it)
 STUDENT_SUFFIX = "_student"  # stages.core.settings.STUDENT_SUFFIX (this module imports nothing)
 STUDENT_MODEL = "mlp"  # the model kind stages/distill.py trains
 

@@ -52,14 +52,13 @@ import numpy as np
 from omegaconf import DictConfig
 
 from stages.core import registry
-from stages.core.artifacts import DATA
 from stages.core.cli import stage_main
 from stages.core.config import dataset_section, method_section, section, section_help
 from stages.core.io import check_writable, write_json
 from stages.core.schema import ConfigError
 from stages.core.settings import PHASE_KNOBS, PhaseConfig
+from stages.evaluation.phase_cells import PHASE_PATH
 
-PHASE_PATH = DATA / "phase" / "phase.json"
 MAX_NEWTON_STEPS = 100  # a strongly convex solve converges in far fewer; more means a bug
 
 

@@ -30,10 +30,10 @@ from stages.core.io import (
 from stages.core.settings import EvaluateConfig, RunConfig
 from stages.evaluation.comparison import (
     load_metrics,
-    load_phase,
     load_regime,
     load_run_data,
 )
+from stages.evaluation.phase_cells import load_phase
 from stages.reporting.render import build_report
 
 

@@ -199,7 +199,8 @@ def at_baseline(repo: Path) -> None:
 
 
 def test_pipeline_flow_shows_each_stage_and_publishes_artifacts(first_run, repo):
-    from pipeline.flows import LEADERBOARD_COLUMNS, pipeline, stage_graph
+    from pipeline.flows import pipeline, stage_graph
+    from pipeline.publish import LEADERBOARD_COLUMNS
 
     stages, _ = stage_graph(repo)
     assert {"prepare@gaussian_shortcut", "validate@gaussian_shortcut", "train@gaussian_shortcut-lda-0", "report"} <= set(stages)

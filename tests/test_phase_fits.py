@@ -182,18 +182,18 @@ def test_lda_and_qda_read_the_shrink_target() -> None:
 
 
 def test_report_draws_the_population_answer_beside_each_panel() -> None:
-    from stages.reporting import render
+    from stages.reporting import phase_section
     cells = [
         {"panel": 0, "x_knob": "n_train", "x": float(n), "y_knob": "d_noise", "y": float(d), "diff": 0.1 - 0.001 * n,
          "generative_wga": 0.3, "discriminative_wga": 0.2 + 0.001 * n, "population_wga": 0.011,
          "l2_lines": [{"l2": 0.01, "wga": 0.25, "ood_acc": 0.5}]}
         for n in (25, 200) for d in (0, 2048)
     ]
-    figs = render.phase_figures(cells)
+    figs = phase_section.phase_figures(cells)
     assert [name for name, _, _ in figs] == ["phase-0", "phase-0-lines"]
     heat, lines = figs[0][2], figs[1][2]
     assert "population LDA 0.011" in heat and "LR λ=0.01 0.250" in heat  # in each cell's tooltip
     assert lines.count('stroke-dasharray="1 3"') == 2 + 1  # a dotted population line per d_noise + its legend
     assert "population" in figs[1][1]
-    without = render.phase_figures([{k: v for k, v in c.items() if k != "population_wga"} for c in cells])
+    without = phase_section.phase_figures([{k: v for k, v in c.items() if k != "population_wga"} for c in cells])
     assert 'stroke-dasharray="1 3"' not in without[1][2]

@@ -12,7 +12,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -161,7 +160,6 @@ def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
 REPORT_STREAM = 100
 
 
-PHASE_PATH = Path("data/phase/phase.json")
 
 
 @dataclass
@@ -443,22 +441,6 @@ def distill_pairs(summaries: list[ModelSummary]) -> list[tuple[ModelSummary, Mod
         if teacher and teacher in by_name and s.model != teacher:
             pairs.append((by_name[teacher], s))
     return pairs
-
-
-def phase_wins(cells: list[dict[str, Any]]) -> tuple[int, int]:
-    """(cells the generative classifier wins, cells the discriminative one wins): the sign of
-    `diff` = generative − discriminative worst-group OOD accuracy."""
-    return sum(c["diff"] > 0 for c in cells), sum(c["diff"] < 0 for c in cells)
-
-
-def load_phase(path: Path = PHASE_PATH) -> list[dict[str, Any]]:
-    """The phase stage's cells ([] when the file is absent or empty)."""
-    if not path.is_file():
-        return []
-    cells = read_json(path)
-    if not isinstance(cells, list):
-        raise ArtifactError(f"{path}: expected a JSON list of cells")
-    return cells
 
 
 def load_regime(dataset: str) -> tuple[dict[str, Any] | None, str | None]:

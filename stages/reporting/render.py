@@ -29,11 +29,11 @@ from stages.evaluation.comparison import (
     mean_sd,
     model_type,
     ordered,
-    phase_wins,
     regime_note,
 )
 from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
 from stages.reporting import figures
+from stages.reporting.phase_section import phase_section
 
 
 def _fmt(values: list[float]) -> str:
@@ -326,64 +326,6 @@ def dataset_figures(
     return [f for f in figs if f[2]], rows
 
 
-def phase_figures(cells: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """Per panel of the phase diagram: the heatmap of diff = generative − discriminative
-    worst-group OOD accuracy, and the accuracies themselves along the x knob beside the
-    population LDA's closed-form answer (`population_wga`, where the dataset has one)."""
-    figs = []
-    for panel in sorted({int(c["panel"]) for c in cells}):
-        mine = [c for c in cells if int(c["panel"]) == panel]
-        xs = sorted({c["x"] for c in mine})
-        ys = sorted({c["y"] for c in mine})
-        by_cell = {(c["x"], c["y"]): c for c in mine}
-        values = {k: c["diff"] for k, c in by_cell.items()}
-        xk, yk = mine[0]["x_knob"], mine[0]["y_knob"]
-        gen, disc = phase_wins(mine)
-
-        def note(c: dict[str, Any]) -> str:
-            parts = [f"LDA {c['generative_wga']:.3f}", f"LR {c['discriminative_wga']:.3f}"]
-            parts += [f"LR λ={line['l2']:g} {line['wga']:.3f}" for line in c.get("l2_lines", [])]
-            if c.get("population_wga") is not None:
-                parts.append(f"population LDA {c['population_wga']:.3f}")
-            return ", ".join(parts)
-
-        figs.append(
-            (
-                f"phase-{panel}",
-                f"Worst-group OOD accuracy of the Gaussian generative classifier (LDA) minus logistic regression "
-                f"fitted to convergence, seed mean, over {xk} × {yk}. "
-                f"Blue: the generative classifier wins ({gen} cells); red: the discriminative one wins ({disc} cells).",
-                figures.heatmap(xs, ys, values, f"phase diagram: {xk} × {yk}", xk, yk,
-                                notes={k: note(c) for k, c in by_cell.items()}),
-            )
-        )
-        series, legend = [], []
-        has_population = any(c.get("population_wga") is not None for c in mine)
-        for j, yv in enumerate(ys):
-            col = figures.color(j)
-            row = [by_cell.get((xv, yv)) for xv in xs]
-            legend.append((f"{yk} {yv:g}", col, ""))
-            for key, name, dash, width in (("generative_wga", "LDA", "", 1.8), ("discriminative_wga", "logistic regression", "5 3", 1.8),
-                                           ("population_wga", "population LDA", "1 3", 1.4)):
-                pts = [c.get(key) if c else None for c in row]
-                if any(v is not None for v in pts):
-                    series.append({"label": f"{name}, {yk} {yv:g}", "y": pts, "color": col, "dash": dash, "width": width})
-        legend += [("LDA", "#555555", ""), ("logistic regr.", "#555555", "5 3")]
-        legend += [("LDA, n → ∞", "#555555", "1 3")] if has_population else []
-        figs.append(
-            (
-                f"phase-{panel}-lines",
-                f"The same cells: worst-group OOD accuracy along {xk}, one colour per {yk}. Solid: LDA; dashed: "
-                "logistic regression (converged, near-unregularised)"
-                + ("; dotted: the population LDA, fitted to infinitely many examples (closed form), "
-                   "where the sample LDA heads as n_train grows." if has_population else "."),
-                figures.category_lines([f"{xv:g}" for xv in xs], series, f"worst-group OOD accuracy: {xk} × {yk}",
-                                       xk, "worst-group OOD accuracy", legend),
-            )
-        )
-    return figs
-
-
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
 table{border-collapse:collapse;margin:1em 0;font-size:0.88em}th,td{border:1px solid #ccc;padding:4px 7px;text-align:left}
@@ -549,15 +491,7 @@ def build_report(
             for m in runs
         ]
     if phase:
-        figs = phase_figures(phase)
-        gen, disc = phase_wins(phase)
-        text = (
-            f"Phase diagram (experiment=toy_phase_diagram): over {len(phase)} cells the generative "
-            f"Gaussian classifier (LDA) has the higher worst-group OOD accuracy in {gen} and the discriminative "
-            f"logistic regression (fitted to convergence, near-unregularised) in {disc}"
-            + (" — neither wins everywhere." if gen and disc else ".")
-            + (" Dotted lines: the population LDA's worst-group accuracy in closed form." if any(c.get("population_wga") is not None for c in phase) else "")
-        )
+        text, figs = phase_section(phase)
         md += ["## Phase diagram: generative vs discriminative", "", text, ""]
         html += ["<h2>Phase diagram: generative vs discriminative</h2>", f"<p>{_md_inline(text)}</p>", _html_figures(figs)]
         for name, cap, svg in figs:
