@@ -5,10 +5,12 @@
 For each recipe it copies the project into a temp folder, composes params.yaml with the
 recipe plus the same datasets / methods for both (the three built-in datasets; lda, qda,
 diffusion, autoregressive, erm, groupdro; no distillation), runs the real `dvc repro` and
-reads the report's summary.json: per dataset the cue and core separation from the prepared
-file's metadata, the direction they predict, and each model's OOD worst-group accuracy with
-its 95% bootstrap interval (stratified by group; see docs/metrics.md). Prints one markdown
-table (and the wall time of each run) to paste into the README.
+reads the report's summary.json and each prepared file's `separation` dict: per dataset the cue
+separation with its interval and shuffled-attribute floor, the core's, the population LDA −
+logistic regression worst-group gap and the regime it calls (stages/evaluation/regime.py,
+`regime_call`), and each model's OOD worst-group accuracy with its 95% bootstrap interval
+(stratified by group; see docs/metrics.md). Prints one markdown table (and the wall time of
+each run) to paste into the README.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_repro import copy_repo
-from stages.evaluation.regime import expected_use
+from stages.core.io import read_metadata
+from stages.evaluation.regime import parse_separation, regime_call
 
 DATASETS = ["gaussian_shortcut", "colored_digits", "mnist1d_shortcut"]
 METHODS = ["lda", "qda", "diffusion", "autoregressive", "erm", "groupdro"]
@@ -50,17 +53,35 @@ def run_recipe(recipe: str, seeds: list[int], env: dict[str, str]) -> tuple[dict
         if proc.returncode:
             print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
             raise SystemExit(f"{recipe}: dvc repro failed")
-        return json.loads((repo / "data" / "reports" / "summary.json").read_text()), wall
+        summary = json.loads((repo / "data" / "reports" / "summary.json").read_text())
+        summary["_separation"] = {  # the whole dict: the summary's _regime keeps only cue and core
+            d: read_metadata(repo / "data" / "prepared" / f"{d}.parquet").get("separation") for d in DATASETS
+        }
+        return summary, wall
 
 
 def _num(v: float | None) -> str:
     return "?" if v is None else f"{v:.2f}"
 
 
-def predicted(sep: dict[str, float | None]) -> str:
-    """The direction the separations predict (`stages.evaluation.regime.expected_use`), in a few words."""
-    use = expected_use(sep)
-    return "none (not recorded)" if use is None else f"generative uses the shortcut {use}"
+def separation_cells(sep: dict[str, float | None] | None) -> list[str]:
+    """cue [interval] (floor), core [interval], population gap [interval] from a separation dict."""
+    if sep is None:
+        return ["?", "?", "?"]
+
+    def ranged(key: str) -> str:
+        low, high = sep.get(f"{key}_low"), sep.get(f"{key}_high")
+        return _num(sep.get(key)) + ("" if low is None or low == high else f" [{_num(low)}, {_num(high)}]")
+
+    floor = sep.get("cue_floor")
+    return [ranged("cue") + ("" if not floor else f" (floor {_num(floor)})"), ranged("core"),
+            "?" if sep.get("gap") is None else ranged("gap")]
+
+
+def predicted(sep: dict[str, float | None] | None) -> str:
+    """The regime the separation dict calls (`stages.evaluation.regime.regime_call`), in a few words."""
+    use, why = regime_call(sep)
+    return f"no call: {why}" if use is None else f"generative uses the shortcut {use}"
 
 
 def observed(regime: dict[str, float]) -> str:
@@ -73,13 +94,14 @@ def observed(regime: dict[str, float]) -> str:
 
 
 def table(results: dict[str, dict]) -> str:
-    header = ["dataset", "recipe", "cue sep.", "core sep.", "predicted", "observed: ID→OOD drop, generative vs reference", *METHODS]
+    header = ["dataset", "recipe", "cue sep. [95 %] (shuffled floor)", "core sep. [95 %]", "population LDA − LR worst-group",
+              "regime call", "observed: ID→OOD drop, generative vs reference", *METHODS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for dataset in DATASETS:
         for recipe, summary in results.items():
             ds = summary[dataset]
             regime = ds.get("_regime", {})
-            sep = {"cue": regime.get("separation_cue"), "core": regime.get("separation_core")}
+            sep = parse_separation(summary.get("_separation", {}).get(dataset))
             cells = []
             for m in METHODS:
                 s = ds.get(m)
@@ -89,7 +111,7 @@ def table(results: dict[str, dict]) -> str:
                 ci = s.get("test_ood_worst_group_acc_ci")
                 cells.append(f"{s['test_ood_worst_group_acc']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
             lines.append(
-                f"| {dataset} | {recipe} | {_num(sep['cue'])} | {_num(sep['core'])} | {predicted(sep)} | {observed(regime)} | "
+                f"| {dataset} | {recipe} | {' | '.join(separation_cells(sep))} | {predicted(sep)} | {observed(regime)} | "
                 + " | ".join(cells) + " |"
             )
     return "\n".join(lines)

@@ -222,6 +222,9 @@ def main() -> int:
     os.dup2(2, 1)
     signal.signal(signal.SIGTERM, _forward)
     signal.signal(signal.SIGINT, _forward)
+    from stages.core.numerics import pin
+
+    pin()  # before torch is preloaded: its kernels are chosen once, at first use (stages/core/numerics.py)
     preload()
     serve(requests, replies)
     return 0

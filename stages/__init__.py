@@ -7,6 +7,9 @@ started by another Python (`python3 -m stages.train ...` outside the venv, or `.
 repro` with no activated venv, whose stage commands call the first `python` on PATH) stops
 with one line naming the environment to use instead of a ModuleNotFoundError traceback.
 `find_spec` only locates the packages (nothing is imported): a few stat calls.
+
+It then pins the numerical libraries' CPU code paths (stages/core/numerics.py) before any stage
+imports torch or numpy, so a stage writes the same bytes on any x86-64 CPU.
 """
 
 import importlib.util as _util
@@ -23,3 +26,7 @@ if _missing:
         "use the project's environment: .venv/bin/python, or `source .venv/bin/activate` first "
         "(`make repro` or `make test` creates .venv)"
     )
+
+from stages.core.numerics import pin as _pin  # noqa: E402 - after the check: nothing heavy is imported
+
+_pin()

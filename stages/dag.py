@@ -4,8 +4,10 @@ A stage's code is its entrypoint (stages/<stage>.py) with everything it imports,
 plus the modules it reaches through the registry by kind: train its method's module
 (stages/models/<kind>.py), prepare its dataset's module, evaluate its dataset's and its
 model's (the model kind the method registered, e.g. `mlp`), distill its teacher's model's. Imports are read from the source
-(`ast`), nothing is executed, and this module imports nothing from the project, so that
-DVC's own Hydra composition (hydra_plugins/shiftlab) can call it:
+(`ast`), nothing is executed, and this module imports nothing from the project at import time,
+so that DVC's own Hydra composition (hydra_plugins/shiftlab) can load it by file (`plan` imports
+stages.core once the plugin's config check has made the project importable: the run's datasets,
+replicate instances included, come from stages.core.config `instances`, as the stages' do):
 
 - the code common to every item of a stage (its entrypoint's closure) is written into
   dvc.yaml itself by `python -m stages.dag` (`make dag`; tests/test_dag.py fails when
@@ -215,12 +217,20 @@ def plan(
     def code(stage: str, modules: tuple[str, ...]) -> list[str]:  # items share kinds: once per kind
         return kind_code(stage, modules, root)
 
+    from omegaconf import OmegaConf
+
+    from stages.core.config import instances
     from stages.core.schema import LOCAL_FILES
 
-    dmod = {d: f"stages.datasets.{dkind(d)}" for d in run["datasets"]}
+    # The prepared datasets and the seeds run on each (run.redraw_data: an instance per seed of
+    # each generated dataset, seed k on instance k only): stages.core.config.instances, the one
+    # enumeration the stages use too. `dataset` is the section an instance is drawn from.
+    data = instances(OmegaConf.create({"run": dict(run), "dataset": dict(datasets)}))
+    dmod = {d: f"stages.datasets.{dkind(i.dataset)}" for d, i in data.items()}
     out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
-    for d in run["datasets"]:
-        out["prepare"][d] = {"code": code("prepare", (dmod[d],))}
+    for d, i in data.items():
+        # validate and pretrain iterate these items too (dvc.yaml): every dataset the run prepares
+        out["prepare"][d] = {"dataset": i.dataset, "code": code("prepare", (dmod[d],))}
     ups = {m: upstream(mkind(m), methods[m], root) for m in run["methods"]}
     for m, up in ups.items():
         if up is not None and (up[1] not in run["methods"] or up[1] == m):
@@ -229,9 +239,9 @@ def plan(
                 f"so it must be another method of run.methods {list(run['methods'])}; add it there, "
                 f"or set method.{m}.{up[0]}={PRETRAINED_VALUE}"
             )
-    for d in run["datasets"]:
+    for d, i in data.items():
         for m in run["methods"]:
-            for s in run["seeds"]:
+            for s in i.seeds:
                 pretrained = needs_pretrained(mkind(m), methods[m], root)
                 up = ups[m]
                 out["train"][f"{d}-{m}-{s}"] = {
@@ -245,7 +255,7 @@ def plan(
                     **{k: str(methods[m].get(k) or f"data/prepared/{d}.parquet") for k in LOCAL_FILES},
                 }
         for t in run["teachers"]:
-            for s in run["seeds"]:
+            for s in i.seeds:
                 out["distill"][f"{d}-{t}-{s}"] = {
                     "dataset": d, "teacher": t, "seed": s,
                     "code": code("distill", tuple(model_modules(mkind(t), root))),
@@ -253,7 +263,7 @@ def plan(
         for m in run["models"]:
             student = m.endswith(STUDENT_SUFFIX)
             modules = [f"stages.models.{STUDENT_MODEL}"] if student else model_modules(mkind(m), root)
-            for s in run["seeds"]:
+            for s in i.seeds:
                 out["evaluate"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "model": m, "seed": s,
                     "code": code("evaluate", (*modules, dmod[d])),

@@ -117,7 +117,7 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
         "selection": cfg.selection,
         "selected_epoch": result.selected_epoch,
         "selections": selection_summary(result.history),
-        "convergence": convergence(result.history),
+        "convergence": convergence(result.history, budget=result.budget, stopped=result.stopped),
         "metrics": result.selected_metrics,
         "runtime": rt.record(),
     }

@@ -210,7 +210,9 @@ def evaluate_predictions(
         for gi, r in per_split[s]["groups"].items()
         if r["n"]
     ]
-    group_rows = [{key: v for key, v in r.items() if key != "pred"} for r in group_rows]
+    # Flat rows for `dvc plots`: the exact interval as two columns.
+    group_rows = [{**{key: v for key, v in r.items() if key not in ("pred", "ci")}, "acc_lo": r["ci"][0], "acc_hi": r["ci"][1]}
+                  for r in group_rows]
     shift_rows = [{"route": REWEIGHT_ROUTE, **r} for r in curve]
     return table, metrics, {"reliability": reliability_rows, "groups": group_rows, "shift_curve": shift_rows}
 

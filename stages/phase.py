@@ -21,29 +21,33 @@ analyses of this question do,
   (w = Xᵀα, an (n+1)-square system) when d ≥ n, so d ≫ n costs no more than n. Every
   λ in `phase.l2_lines` fits one more, regularised, logistic regression beside it.
 
-Both are scored on `test_ood` (agreement `base.rho_ood`; 0 = fully reversed). A cell reports
-each classifier's worst-group OOD accuracy averaged over seeds, their difference
-`diff = generative − discriminative` (positive: the generative classifier is more robust),
-its sample sd over seeds and the winner; the Newton steps the slowest seed took
-(`discriminative_iterations`) and logistic regression's train accuracy (1.0: separable);
-`l2_lines` (λ, worst-group and plain OOD accuracy of each regularised fit); and, where the
-dataset module has the closed-form population (`population_lda`, `population_groups`: the
-Gaussian toy data), `population_wga`: the worst-group OOD accuracy of the population LDA rule
-(LDA fitted to infinitely many train examples, no shrinkage), computed exactly — each group
-is Gaussian, so a linear rule's accuracy on it is Φ(margin / sd) (`population_worst_group`).
-It does not depend on n_train or the seed, and since the noise dimensions carry no signal,
-not on d_noise either: the line the sample LDA approaches as n_train grows (with a diagonal
-population covariance, as with one cue dimension, shrinking towards the diagonal leaves that
-limit unchanged; other targets, or a correlated cue block, shrink it too). Writes
-data/phase/phase.json: one record per cell (an empty list when `phase.panels` is empty, the
-default; experiment=toy_phase_diagram fills it in).
+Both are scored on `test_ood` (agreement `base.rho_ood`; 0 = fully reversed). Each seed
+redraws the cell's data (train and test) and refits both, so the per-seed differences are
+independent replicates. A cell reports each classifier's worst-group OOD accuracy averaged over
+seeds, their difference `diff = generative − discriminative` (positive: the generative
+classifier is more robust) with its 95 % Student t interval over the seeds (`diff_low`,
+`diff_high`; stages/evaluation/phase_cells.py `seed_interval`) and sample sd, and the
+`winner`: "generative" / "discriminative" only where the interval excludes 0, else "tie";
+the Newton steps the slowest seed took (`discriminative_iterations`) and logistic
+regression's train accuracy (1.0: separable); `l2_lines` (λ, worst-group and plain OOD
+accuracy of each regularised fit); `d_over_n` (features per train example); the dataset's
+`separation` dict (stages/evaluation/regime.py) and the regime it calls (`predicted`:
+`regime.expected_use`, "more" | "less" | None). Where the dataset module has the closed-form
+population (`population_groups`: the Gaussian toy data), `population_wga` and
+`population_lr_wga`: the worst-group OOD accuracy of the rules LDA and logistic regression
+converge to with infinitely many train examples (no shrinkage, no penalty), computed exactly
+(stages/evaluation/population.py; each group is Gaussian, so a linear rule's accuracy on it is
+Φ(margin / sd)). They depend on neither n_train nor the seed, and since the noise dimensions
+carry no signal, not on d_noise either: the lines the sample fits approach as n_train grows
+(with a diagonal population covariance, as with one cue dimension, shrinking towards the
+diagonal leaves LDA's limit unchanged). Writes data/phase/phase.json: one record per cell (an
+empty list when `phase.panels` is empty, the default; experiment=toy_phase_diagram fills it in).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import typing
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -57,7 +61,7 @@ from stages.core.config import dataset_section, method_section, section, section
 from stages.core.io import check_writable, write_json
 from stages.core.schema import ConfigError
 from stages.core.settings import PHASE_KNOBS, PhaseConfig
-from stages.evaluation.phase_cells import PHASE_PATH
+from stages.evaluation.phase_cells import PHASE_PATH, phase_wins, seed_interval, winner
 
 MAX_NEWTON_STEPS = 100  # a strongly convex solve converges in far fewer; more means a bug
 
@@ -170,11 +174,16 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, tol: float, max_steps:
             step = torch.linalg.solve(hessian, grad)
             decrease = float(grad @ step)
         t = 1.0
-        while True:
+        # Near the optimum the decrease a Newton step promises falls below the objective's
+        # rounding (~1e-16 of it): no line search can see it, so the full step is taken (Newton
+        # converges quadratically there); otherwise Armijo backtracking.
+        while decrease >= 1e-14 * max(1.0, abs(value)):
             new_value, new_s = objective(theta - t * step)
             if new_value <= value - 1e-4 * t * decrease or t < 1e-12:
                 break
             t *= 0.5
+        else:
+            new_value, new_s = objective(theta - step)
         theta, value, s = theta - t * step, new_value, new_s
     weight = (xt.T @ theta[:n]) if dual else theta[:d]
     return LogisticFit(weight.numpy().copy(), float(theta[-1]), step_count, grad_max)
@@ -183,50 +192,38 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, tol: float, max_steps:
 # ---- the population answer --------------------------------------------------------------------
 
 
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+def population_worst_groups(cfg: Any) -> tuple[float, float] | None:
+    """(population LDA's, population logistic regression's) worst-group test_ood accuracy on
+    `cfg`'s dataset, exactly: the rules each converges to with unlimited train data and no
+    penalty (stages/evaluation/population.py), scored on the test_ood groups of probability > 0.
 
+    The dataset module's `population_groups(cfg, rho)` gives each group as N(m, C) with its
+    probability; the train mixture is at `cfg.rho_train`. None when the module has no closed-form
+    population, the groups do not share one covariance, or the task is not binary."""
+    from stages.evaluation.population import mahalanobis_d2, population_rules
 
-def _solve_sparse(cov: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """cov⁻¹ rhs, solving densely only among the dimensions correlated with another: the others
-    (all the noise dimensions) are divided by their variance, so d_noise in the thousands costs
-    O(d²), not O(d³). A dimension of variance 0 with rhs 0 (a constant one) gets 0."""
-    diag = np.diag(cov).copy()
-    coupled = np.abs(cov - np.diag(diag)).sum(1) > 0
-    w = np.divide(rhs, diag, out=np.zeros_like(rhs), where=(diag != 0) & ~coupled)
-    if coupled.any():
-        w[coupled] = np.linalg.solve(cov[np.ix_(coupled, coupled)], rhs[coupled])
-    return w
+    module = importlib.import_module(registry.dataset(cfg.kind).module)
+    groups_of = getattr(module, "population_groups", None)
+    if groups_of is None:
+        return None
+    train = groups_of(cfg, cfg.rho_train)
+    if any(not np.array_equal(g.cov, train[0].cov) for g in train) or {g.y for g in train} != {0, 1}:
+        return None
+    keep = [g.prob > 0 for g in train]  # a group absent from train is no part of the mixture
+    train = [g for g, k in zip(train, keep, strict=True) if k]
+    d2 = mahalanobis_d2(np.stack([g.mean for g in train]), train[0].cov)
+    rules = population_rules(d2, np.array([g.y for g in train]), np.array([g.prob for g in train]))
+    test = {(g.y, g.a): g.prob > 0 for g in groups_of(cfg, cfg.rho_ood)}
+    present = np.array([test.get((g.y, g.a), False) for g in train])
+    if not present.any():
+        return None
+    return rules.worst_group(present)
 
 
 def population_worst_group(cfg: Any) -> float | None:
-    """Worst-group test_ood accuracy of the population LDA rule of `cfg`'s dataset, exactly.
-
-    The dataset module's `population_lda(cfg)` gives the class means, shared covariance and
-    priors at the training agreement (what LDA converges to with infinitely many train
-    examples and no shrinkage); its rule is the sign of s(x) = w·x + b with
-    w = Σ⁻¹(μ₁ − μ₀), b = −½(μ₁ + μ₀)·w + log(π₁/π₀). `population_groups(cfg, rho_ood)` gives
-    each test_ood group as N(m, C) with its probability; s(x) is then N(w·m + b, wᵀCw), so the
-    group's accuracy is Φ(±(w·m + b) / √(wᵀCw)). The minimum runs over the groups with
-    probability > 0. None when the module has no closed-form population or the task is not binary.
-    """
-    module = importlib.import_module(registry.dataset(cfg.kind).module)
-    fit, groups = getattr(module, "population_lda", None), getattr(module, "population_groups", None)
-    if fit is None or groups is None:
-        return None
-    means, cov, priors = fit(cfg)
-    if len(priors) != 2:
-        return None
-    w = _solve_sparse(np.asarray(cov, dtype=np.float64), np.asarray(means[1] - means[0], dtype=np.float64))
-    b = -0.5 * float((means[1] + means[0]) @ w) + math.log(priors[1] / priors[0])
-    accs = []
-    for group in groups(cfg, cfg.rho_ood):
-        if group.prob <= 0:
-            continue
-        sd = math.sqrt(float(w @ group.cov @ w))
-        margin = (float(group.mean @ w) + b) / sd if sd > 0 else math.copysign(math.inf, float(group.mean @ w) + b)
-        accs.append(_normal_cdf(margin if group.y == 1 else -margin))
-    return min(accs)
+    """Worst-group test_ood accuracy of the population LDA rule of `cfg`'s dataset (None as above)."""
+    both = population_worst_groups(cfg)
+    return None if both is None else both[0]
 
 
 # ---- one cell ---------------------------------------------------------------------------------
@@ -282,16 +279,20 @@ def compare_cell(cfg: Any, pcfg: PhaseConfig, gcfg: Any, seed: int) -> dict[str,
         "discriminative_train_acc": float(((lr.scores(x[train]) > 0) == (y[train] == 1)).mean()),
         "discriminative_iterations": lr.iterations,
         "l2_lines": lines,
+        "separation": meta.get("separation"),
+        "shape": list(meta["shape"]),
     }
 
 
 def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any]]:
     """One record per panel cell: knob values, seed-mean accuracies, diff = generative −
-    discriminative worst-group OOD accuracy, the winner, and the population LDA's answer.
+    discriminative worst-group OOD accuracy with its 95 % interval over the seeds, the winner
+    (a tie where the interval holds 0), the population rules' answers and the dataset's regime.
 
     `base` is the validated dataset config of `phase.base` (see `base_config`).
     """
     from stages.core.runtime import progress
+    from stages.evaluation.regime import expected_use
 
     knob_types(base)
 
@@ -307,7 +308,10 @@ def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any
             for k in ("generative_wga", "discriminative_wga", "generative_ood_acc", "discriminative_ood_acc", "discriminative_train_acc")
         }
         diffs = [r["generative_wga"] - r["discriminative_wga"] for r in per_seed]
-        diff = float(np.mean(diffs))
+        diff, low, high = seed_interval(diffs)
+        first = next(iter(configs.values()))
+        population = population_worst_groups(first)
+        sep = per_seed[0]["separation"]
         rows.append(
             {
                 "panel": i,
@@ -326,11 +330,17 @@ def phase_diagram(pcfg: PhaseConfig, base: Any, gcfg: Any) -> list[dict[str, Any
                     }
                     for j, l2 in enumerate(pcfg.l2_lines)
                 ],
-                "population_wga": population_worst_group(next(iter(configs.values()))),
+                "population_wga": None if population is None else population[0],
+                "population_lr_wga": None if population is None else population[1],
+                "separation": sep,
+                "predicted": expected_use(sep),
+                "d_over_n": int(np.prod(per_seed[0]["shape"])) / first.n_train,
                 "diff": diff,
+                "diff_low": low,
+                "diff_high": high,
                 "diff_sd": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else None,
                 "seeds": len(per_seed),
-                "winner": "generative" if diff > 0 else "discriminative" if diff < 0 else "tie",
+                "winner": winner(low, high),
             }
         )
     return rows
@@ -349,11 +359,12 @@ def run(params: DictConfig) -> str:
     check_writable(PHASE_PATH)  # before any work, not after it
     rows = phase_diagram(pcfg, base_config(params), generative_config(params))
     write_json(rows, PHASE_PATH, derived=True)
-    wins = {w: sum(r["winner"] == w for r in rows) for w in ("generative", "discriminative", "tie")}
+    wins = phase_wins(rows)
     steps = max((r["discriminative_iterations"] for r in rows), default=0)
     return (
-        f"{len(rows)} cells in {len(pcfg.panels)} panels: the generative classifier wins {wins['generative']}, "
-        f"logistic regression {wins['discriminative']}, ties {wins['tie']} (at most {steps} Newton steps) -> {PHASE_PATH}"
+        f"{len(rows)} cells in {len(pcfg.panels)} panels, {len(pcfg.seeds)} seeds each: the generative classifier wins "
+        f"{wins.generative}, logistic regression {wins.discriminative}, ties (95 % interval holds 0) {wins.tie} "
+        f"(at most {steps} Newton steps) -> {PHASE_PATH}"
     )
 
 

@@ -2,7 +2,9 @@
 
     python -m stages.prepare <dataset> [dataset.<dataset>.rho_train=0.9 ...]
 
-Reads `dataset.<dataset>` from params.yaml and looks up its `kind` in the registry
+Reads `dataset.<dataset>` from params.yaml (for a replicate instance `<name>_seed<k>` of
+`run.redraw_data`: `dataset.<name>` with its seed derived from k, stages/core/replicates.py; the
+file's metadata then records `replicate_of: <name>` and `replicate_seed: <k>`) and looks up its `kind` in the registry
 (stages/core/registry.py; one module per kind under stages/datasets/). A generated dataset's
 `generate(cfg)` returns its columns in memory: this stage checks that every group appears in
 val, test_id and test_ood and writes one row per example (id, split, y, a, g, x[, text]) with
@@ -25,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from stages.core import artifacts, io, registry
 from stages.core.artifacts import SPLITS
 from stages.core.cli import stage_main
-from stages.core.config import dataset_config, describe_section, help_params
+from stages.core.config import dataset_config, dataset_source, describe_section, help_params
 from stages.datasets import check_groups, group_ids
 from stages.evaluation.regime import describe, estimate_separation
 
@@ -47,8 +49,12 @@ def to_table(columns: dict[str, np.ndarray], n_attrs: int) -> pa.Table:
     )
 
 
-def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
-    """Generate dataset `dataset` from its validated config: (table, file metadata)."""
+def prepare(dataset: str, cfg: Any, replicate: tuple[str, int] | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Generate dataset `dataset` from its validated config: (table, file metadata).
+
+    `replicate` = (dataset section, run seed) when `dataset` is a replicate instance (`cfg` then
+    carries the instance's derived seed): the metadata records them as `replicate_of` and
+    `replicate_seed`."""
     spec = registry.dataset(cfg.kind)
     if spec.generate is None:
         raise io.ArtifactError(f"dataset.{dataset}: kind '{cfg.kind}' is loaded from data/raw/, not generated")
@@ -76,17 +82,20 @@ def prepare(dataset: str, cfg: Any) -> tuple[pa.Table, dict[str, Any]]:
     ids = np.asarray(columns["id"])
     if len(np.unique(ids)) != len(ids):  # a generator bug, not a config problem
         raise io.ArtifactError(f"dataset.{dataset}: generator '{cfg.kind}' produced duplicate ids")
+    if replicate is not None:
+        meta = {**meta, "replicate_of": replicate[0], "replicate_seed": replicate[1]}
     return to_table(columns, meta["n_attrs"]), {"dataset": dataset, **meta}
 
 
 def run(params: DictConfig, dataset: str) -> str:
     """Write data/prepared/<dataset>.parquet; returns the summary line."""
     cfg = dataset_config(params, dataset)
+    base, replicate = dataset_source(params, dataset)
     spec = registry.dataset(cfg.kind)
     io.check_writable(artifacts.prepared_path(dataset))  # before any work, not after it
     if spec.load is not None:  # real benchmarks: read data/raw/, stream the file in row groups
         return spec.load(dataset, cfg, artifacts.prepared_path(dataset))
-    table, meta = prepare(dataset, cfg)
+    table, meta = prepare(dataset, cfg, None if replicate is None else (base, replicate))
     dim = int(np.prod(meta["shape"]))
     path = io.write_parquet(
         table, artifacts.prepared_path(dataset), artifacts.prepared_schema_for(meta), meta

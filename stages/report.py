@@ -20,7 +20,7 @@ from stages.core.artifacts import (
     REPORTS,
 )
 from stages.core.cli import stage_main
-from stages.core.config import check_er_reference, section, section_help
+from stages.core.config import check_er_reference, instances, section, section_help
 from stages.core.io import (
     check_writable,
     write_json,
@@ -32,6 +32,7 @@ from stages.evaluation.comparison import (
     load_metrics,
     load_regime,
     load_run_data,
+    replicate_base,
 )
 from stages.evaluation.phase_cells import load_phase
 from stages.reporting.render import build_report
@@ -43,18 +44,21 @@ def run(params: Any) -> str:
     boot = section(params, "evaluate", EvaluateConfig)
     check_er_reference(params, boot)
     check_writable(REPORTS / "report.md", REPORTS / "plots" / "x.json", REPORTS / "figures" / "x.svg")  # before any work
-    metrics = load_metrics(cfg.datasets, cfg.models, cfg.seeds)
+    # every prepared dataset with the seeds run on it (run.redraw_data: instance k has seed k only)
+    prepared = instances(params, cfg)
+    metrics = [m for d, i in prepared.items() for m in load_metrics([d], cfg.models, i.seeds)]
     data = {
         (m["dataset"], m["model"], int(m["seed"])): load_run_data(m["dataset"], m["model"], int(m["seed"]), int(m["n_classes"]))
         for m in metrics
     }
-    regimes = {d: load_regime(d) for d in cfg.datasets}
-    report = build_report(metrics, data, load_phase(), boot, regimes)
+    regimes = {d: load_regime(d) for d in prepared}
+    bases = {d: replicate_base(d) for d in prepared}  # a dataset redrawn per seed: evidence per base dataset
+    report = build_report(metrics, data, load_phase(), boot, regimes, bases)
     write_parquet(
         report.leaderboard,
         REPORTS / "leaderboard.parquet",
         LEADERBOARD_SCHEMA,
-        metadata={"datasets": cfg.datasets, "models": cfg.models, "seeds": cfg.seeds},
+        metadata={"datasets": list(prepared), "models": cfg.models, "seeds": cfg.seeds},
         derived=True,
     )
     write_text(report.markdown, REPORTS / "report.md")
@@ -65,7 +69,7 @@ def run(params: Any) -> str:
     for name, svg in sorted(report.svgs.items()):
         write_text(svg + "\n", REPORTS / "figures" / f"{name}.svg")
     return (
-        f"reported {len(cfg.datasets)} datasets × {len(cfg.models)} models × {len(cfg.seeds)} seeds "
+        f"reported {len(prepared)} datasets × {len(cfg.models)} models × {len(cfg.seeds)} seeds "
         f"-> {REPORTS / 'report.html'}"
     )
 

@@ -16,6 +16,9 @@ oracle would pick; only `selection` chose the weights), via `save_model`, `infer
 `provenance` (also in the weights' header; stages/core/provenance.py): the method's name and kind,
 the seed, the sha256 of its resolved `method.<method>` section and of every file it read.
 
+A method trained by epochs also keeps its last epoch's weights, final.safetensors (same
+architecture and provenance; the base model DFR re-trains the last layer of, `base: final`).
+
 Every method trained by epochs writes a checkpoint to
 scratch/checkpoints/train@<dataset>-<method>-<seed>/ every `train.checkpoint_every` epochs
 and when stopped by SIGINT/SIGTERM; running the same command again resumes from it
@@ -67,8 +70,9 @@ def input_files(spec: registry.MethodSpec, cfg: Any, dataset: str, seed: int) ->
     if spec.needs_pretrained(cfg):
         files += [f for f in (pretrained_dir(dataset) / ENCODER, pretrained_dir(dataset) / EMBEDDINGS) if f.is_file()]
     upstream = spec.upstream_method(cfg)
-    if upstream is not None:
-        files.append(model_dir(dataset, upstream, seed) / WEIGHTS)
+    if upstream is not None:  # the weights file it reads there (DFR: the last epoch's, by default)
+        read = getattr(cfg, "upstream_weights", None)
+        files.append(model_dir(dataset, upstream, seed) / (read() if callable(read) else WEIGHTS))
     from stages.models.external import local_files
 
     return files + local_files(cfg)  # a network's initial weights, its vocabulary
@@ -123,7 +127,7 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
         config=cfg, inputs=input_files(spec, cfg, dataset, seed_i),
     )
     out = model_dir(dataset, method, seed_i)
-    save_model(out, trained.model, record, trained.history, provenance=made)
+    save_model(out, trained.model, record, trained.history, provenance=made, final=trained.final)
     if trained.checkpoint is not None:
         trained.checkpoint.clear()  # the model folder is written: nothing left to resume
     val = trained.metrics["val"]

@@ -3,7 +3,7 @@
     python -m stages.validate <dataset> [key=value ...]
 
 Reads `data/prepared/<dataset>.parquet`, the `validate` params and `dataset.<dataset>.kind`
-(which the file's metadata must name); the suite's bounds come
+(which the file's metadata must name; a replicate instance's section's kind); the suite's bounds come
 from the file metadata (`n_classes`, `n_attrs`, `shape`, `rho_train`, `rho_ood`) and the
 thresholds in `validate`. When every expectation passes it writes
 `data/validated/<dataset>.json` (one record per expectation, deterministic bytes) and the
@@ -34,7 +34,7 @@ from stages.core.artifacts import (
     validated_path,
 )
 from stages.core.cli import stage_main
-from stages.core.config import section, section_help
+from stages.core.config import dataset_source, section, section_help
 from stages.core.io import (
     check_writable,
     iter_parquet_batches,
@@ -175,7 +175,7 @@ def swap_dir(new: Path, target: Path, scratch: Path) -> None:
 
 
 def run(params: Any, dataset: str) -> str:
-    kind = OmegaConf.select(params, f"dataset.{dataset}.kind")
+    kind = OmegaConf.select(params, f"dataset.{dataset_source(params, dataset)[0]}.kind")  # an instance: its section's
     check_writable(validated_path(dataset), folders=[data_docs_dir(dataset)])  # before any work
     return validate(dataset, section(params, "validate", ValidateConfig), None if kind is None else str(kind))
 

@@ -184,7 +184,7 @@ def test_last_layer_retraining_on_a_timm_model_refits_its_head_on_the_pooled_fea
     made = provenance.record(dataset="toy", model="erm", kind="erm", seed=0, stage="train@toy-erm-0", config=cfg, inputs=[path])
     torch.manual_seed(0)
     base = TimmClassifier("resnet18", [3, 32, 32], 2)
-    save_model(artifacts.model_dir("toy", "erm", 0), base, {}, None, provenance=made)
+    save_model(artifacts.model_dir("toy", "erm", 0), base, {}, None, provenance=made, final=base.state_dict())  # DFR reads the last epoch
     model, metrics, _, summary = fit_head(prepared, defaults("method", "dfr", n_refits=2), "toy", 0, "method.dfr", "dfr")
     assert model.kind == "backbone" and set(metrics) == set(artifacts.SPLITS)
     val = prepared.subset("val").x
@@ -197,7 +197,7 @@ def test_last_layer_retraining_on_a_timm_model_refits_its_head_on_the_pooled_fea
     skip = head_prefixes(model.net)
     body = {k: v for k, v in model.state_dict().items() if not k.startswith(tuple("net." + p for p in skip))}
     assert body and all(torch.equal(v, saved.state_dict()[k]) for k, v in body.items())  # the network itself is frozen
-    assert summary["features_from"].endswith("model.safetensors")
+    assert summary["features_from"].endswith("final.safetensors")  # base: final, the last epoch
 
 
 # ---- learning and determinism ----------------------------------------------------------------

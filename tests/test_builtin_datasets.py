@@ -143,3 +143,22 @@ def test_shortcut_text_recipe_runs_the_text_models_end_to_end_through_dvc_repro(
     # accuracy for the minority groups; the learning test proper is in test_text_model.py).
     acc = {(r["model"], r["split"]): r["acc"] for r in board}
     assert acc[("text_erm", "test_id")] > 0.65
+
+
+def test_the_evidence_recipe_gives_every_test_group_at_least_200_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: test splits that can carry a verdict, on every generated dataset of the recipe
+    (each at its defaults and at the paper regime), for a redrawn instance."""
+    from stages.core import config, registry
+
+    monkeypatch.chdir(ROOT)
+    config.compose(ROOT / "conf", tmp_path / "params.yaml", ["experiment=evidence"])
+    params = config.load_params(tmp_path / "params.yaml")
+    run = config.check_all(params)
+    last = run.seeds[-1]
+    for name in run.datasets:
+        cfg = config.dataset_config(params, f"{name}_seed{last}")
+        columns, _ = registry.dataset(cfg.kind).generate(cfg)
+        for split in ("test_id", "test_ood"):
+            in_split = columns["split"] == split
+            sizes = [int((in_split & (columns["y"] == y) & (columns["a"] == a)).sum()) for y in (0, 1) for a in (0, 1)]
+            assert min(sizes) >= 200, (name, split, sizes)

@@ -32,11 +32,12 @@ def expected_code(name: str, params) -> set[str]:
     stage, _, item = name.partition("@")
     files = [ROOT / "stages" / f"{stage}.py"]
     kind = {n: c.kind for n, c in params.method.items()}
-    dkind = {n: c.kind for n, c in params.dataset.items()}
+    # a prepared dataset's kind is its section's (a replicate instance's: the dataset it redraws)
+    dkind = {n: params.dataset[i.dataset].kind for n, i in params.dag.prepare.items()}
     if stage == "prepare":
         files.append(ROOT / "stages/datasets" / f"{dkind[item]}.py")
     elif stage in ("train", "distill", "evaluate"):
-        dataset = next(d for d in params.run.datasets if item.startswith(d + "-"))
+        dataset = next(d for d in params.dag.prepare if item.startswith(d + "-"))
         model = item[len(dataset) + 1 :].rsplit("-", 1)[0]
         if stage == "evaluate":
             files.append(ROOT / "stages/datasets" / f"{dkind[dataset]}.py")
@@ -71,11 +72,13 @@ def test_only_methods_that_read_the_encoder_wait_for_pretraining(stage_deps):
 def test_a_method_that_reads_another_methods_model_waits_for_it(stage_deps):
     params = OmegaConf.load(ROOT / "params.yaml")
     features = params.method.dfr.features
-    for d in params.run.datasets:
-        for s in params.run.seeds:
-            assert f"data/models/{d}/{features}/seed={s}" in stage_deps[f"train@{d}-dfr-{s}"]
+    # the run's (prepared dataset, seed) pairs: one per seed with run.redraw_data's instances
+    pairs = {(i.dataset, i.seed) for i in params.dag.train.values()}
+    assert pairs == {(d, s) for d in params.run.datasets for s in params.run.seeds}  # redraw_data off here
+    for d, s in pairs:
+        assert f"data/models/{d}/{features}/seed={s}" in stage_deps[f"train@{d}-dfr-{s}"]
     reads = {name for name, deps in stage_deps.items() if any(x.startswith("data/models/") for x in deps)}
-    assert {name for name in reads if name.startswith("train@")} == {f"train@{d}-dfr-{s}" for d in params.run.datasets for s in params.run.seeds}
+    assert {name for name in reads if name.startswith("train@")} == {f"train@{d}-dfr-{s}" for d, s in pairs}
 
 
 def test_a_kind_with_more_code_than_the_slots_is_an_error(tmp_path):

@@ -49,9 +49,11 @@ def lock_hashes(repo: Path) -> dict[str, str]:
     return {o["path"]: o.get("md5") for st in lock["stages"].values() for o in st.get("outs", [])}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def repo(tmp_path_factory) -> Path:
-    """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml."""
+    """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml,
+    built once per test process (session scope: another module's tests running in between on
+    the same worker must not make pytest tear it down and build it again)."""
     dest = tmp_path_factory.mktemp("repo")
     copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
@@ -146,11 +148,20 @@ def test_every_metric_recomputes_from_its_predictions_and_inspect_explains_every
             assert info["lineage"] is not None or path.name.startswith("."), path
 
 
+# One chain through every stage kind (data, each model family, a student, evaluate, the report):
+# forcing the whole tiny DAG costs two minutes of stage start-ups for no more coverage
+# (tests/test_same_bytes.py re-runs such a chain in fresh processes under another machine's settings).
+FORCED = ["prepare@gaussian_shortcut", "validate@gaussian_shortcut", "pretrain@gaussian_shortcut",
+          "train@gaussian_shortcut-erm-0", "train@gaussian_shortcut-lda-0", "train@gaussian_shortcut-diffusion-0",
+          "distill@gaussian_shortcut-lda-0", "evaluate@gaussian_shortcut-diffusion-0", "report"]
+
+
 def test_repro_is_a_no_op_then_forced_repro_is_byte_identical(repo):
     again = sh("dvc", "repro", cwd=repo)
     assert not ran_stages(again.stdout), again.stdout
     before = lock_hashes(repo)
-    sh("dvc", "repro", "--force", cwd=repo)
+    forced = sh("dvc", "repro", "--force", "--single-item", *FORCED, cwd=repo)
+    assert ran_stages(forced.stdout) == set(FORCED), forced.stdout
     after = lock_hashes(repo)
     changed = {p for p in before if before[p] != after.get(p)}
     assert not changed, f"outputs differ between two forced runs: {sorted(changed)}"

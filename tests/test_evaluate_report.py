@@ -37,6 +37,7 @@ from stages.core.io import (
     write_parquet,
 )
 from stages.evaluation import comparison
+from stages.evaluation.metrics import clopper_pearson
 from stages.reporting import render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ METRIC_KEYS = {
     "n",
     "acc",
     "worst_group_acc",
+    "worst_group_acc_exact",
     "avg_acc_weighted",
     "balanced_acc",
     "ece",
@@ -342,14 +344,19 @@ def test_build_report() -> None:
     assert erm_gauss[3] == "0.940 ± 0.014"  # mean and sample sd of .95, .93
     assert rows[1].split(" | ")[1:3] == ["generative", "—"]
     assert rows[1].split(" | ")[4] == "0.850 ± 0.000"
+    # No predictions, so no paired test: the highest model is not called best.
     assert (
-        "**Takeaway:** best OOD worst-group accuracy: **lda** (0.800); largest ID→OOD drop: **erm**"
-        in markdown
+        "**Takeaway:** highest OOD worst-group accuracy: lda (0.800; untested: no paired bootstrap without "
+        "predictions); largest ID→OOD drop: erm" in markdown
     )
+    assert "| lda | generative |" in markdown and "highest (untested: no paired bootstrap)" in markdown
 
-    assert summary["gauss"]["erm"] == pytest.approx(
-        {"test_id_acc": 0.94, "test_ood_acc": 0.55, "test_ood_worst_group_acc": 0.25}
+    erm = dict(summary["gauss"]["erm"])
+    # The exact interval comes from the groups' counts (here one group of 100 at the seeds' accuracies).
+    assert erm.pop("test_ood_worst_group_acc_exact") == pytest.approx(
+        np.mean([clopper_pearson(round(a[1] * 100), 100, 0.975) for a in ACCS[("gauss", "erm")]], axis=0).tolist()
     )
+    assert erm == pytest.approx({"test_id_acc": 0.94, "test_ood_acc": 0.55, "test_ood_worst_group_acc": 0.25})
     assert len(plots["id_vs_ood"]) == len(RUNS)
     assert set(plots["id_vs_ood"][0]) == {"dataset", "model", "series", "seed", "id_acc", "ood_acc"}
     assert plots["worst_group"][0] == {
@@ -380,7 +387,10 @@ def test_report_effective_robustness_uses_a_named_reference_family_on_logit_axes
     erm_row = next(r for r in built.markdown.splitlines() if r.startswith("| erm"))
     col = render.HEADER.index("eff. robustness")
     mean = sum(per_seed) / 2
-    assert erm_row.split(" | ")[col].startswith(f"{mean:+.3f} ± ")
+    # No predictions, so no interval: one decimal, never a 3-decimal figure the fit cannot support.
+    sd = float(np.std(per_seed, ddof=1))
+    assert erm_row.split(" | ")[col] == f"{mean:+.1f} ± {sd:.1f} (no interval)"
+    assert "No interval (no predictions, or `evaluate.bootstrap_resamples` is 0): one decimal only." in built.markdown
     assert built.summary["gauss"]["erm"]["effective_robustness"] == pytest.approx(mean)
     note = next(r for r in built.markdown.splitlines() if r.startswith("**eff. robustness**"))
     assert "logit axes" in note and "reference family erm, lda (`evaluate.er_reference`): 4 points" in note
@@ -493,10 +503,11 @@ def write_fake_prepared_regimes() -> None:
 
 
 def test_report_states_each_datasets_regime_and_what_was_observed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The regime line: the prepared file's separation, the direction it predicts, and the
-    generative models' ID→OOD drop against the discriminative reference, with the verdict."""
+    """The regime line: the prepared file's separation, what it predicts, and the generative
+    models' ID→OOD drop against the discriminative reference (`evaluate.evidence_reference`) —
+    and no verdict word, since without an interval (no bootstrap here) the evidence has none."""
     params = fake_run(tmp_path, monkeypatch)
-    assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=0", "evaluate.er_reference=[erm]"]) == 0
+    assert report.main([*_report_args(params), "evaluate.bootstrap_resamples=0", "evaluate.evidence_reference=[erm]"]) == 0
     md = Path("data/reports/report.md").read_text()
     summary = json.loads(Path("data/reports/summary.json").read_text())
 
@@ -504,10 +515,14 @@ def test_report_states_each_datasets_regime_and_what_was_observed(tmp_path: Path
         return float(np.mean([a[0] - a[1] for a in ACCS[(dataset, model)]]))
 
     gen, ref = drop("gauss", "lda"), drop("gauss", "erm")
-    verdict = "as predicted" if gen > ref else "contrary to the prediction"  # cue 10 > core 2 predicts "more"
-    assert "**Regime** (closed form): separation cue 10 vs core 2: a likelihood (generative) classifier is expected to use the shortcut more" in md
-    assert f"generative {gen:.3f} (lda {gen:.3f}) vs discriminative reference {ref:.3f} (erm {ref:.3f})" in md
-    assert verdict in md.split("## gauss")[1].split("## digits")[0]
+    gauss = md.split("## gauss")[1].split("## digits")[0]
+    assert "**Regime** (closed form): separation cue 10 vs core 2" in gauss
+    assert f"generative {gen:.3f} (lda {gen:.3f}) vs discriminative reference {ref:.3f} (erm {ref:.3f}), a difference of {gen - ref:+.3f}" in gauss
+    for word in ("as predicted", "contrary to the prediction", "generative better", "discriminative better"):
+        assert word not in md, word
+    assert "**Evidence** over 2 replicates of gauss" in gauss and "**not distinguishable**" in gauss
+    assert summary["_evidence"]["gauss"]["verdict"] == "not distinguishable"
+    assert summary["_evidence"]["gauss"]["note"].startswith("No interval")
     assert summary["gauss"]["_regime"] == pytest.approx(
         {"separation_cue": 10.0, "separation_core": 2.0, "drop_generative": gen, "drop_reference": ref}
     )
@@ -517,7 +532,7 @@ def test_report_states_each_datasets_regime_and_what_was_observed(tmp_path: Path
 
 def write_fake_predictions(dataset: str, model: str, seed: int, per_split: int = 40) -> None:
     """A predictions file for a fake run: every split, all four groups, seeded random logits."""
-    rng = np.random.default_rng([len(dataset), len(model), seed])
+    rng = np.random.default_rng([sum(map(ord, dataset)), sum(map(ord, model)), seed])
     prepared = toy_prepared(per_split, seed=0)
     logits = toy_logits(prepared, seed=int(rng.integers(1000)))
     table, _, _ = evaluate.evaluate_predictions(prepared, logits, 10)
@@ -553,3 +568,83 @@ def test_report_rejects_a_malformed_metrics_file(
     assert report.main(_report_args(params)) == 2
     err = capsys.readouterr().err
     assert "data/metrics/gauss/lda/seed=0.json" in err and "splits.test_ood.ece" in err
+
+
+def model_rows(markdown: str) -> dict[str, list[str]]:
+    """The cells of every model table row (the rows with the model table's width), by model."""
+    cells = [line[2:-2].split(" | ") for line in markdown.splitlines() if line.startswith("| ")]
+    return {c[0]: c for c in cells if len(c) == len(render.HEADER) and c[0] not in ("model", "---")}
+
+
+def test_ties_are_ties_and_best_only_when_the_paired_test_says_so() -> None:
+    from stages.core.config import defaults
+    from tests.test_evidence import _run
+    from tests.test_report_html import _runs
+
+    # lda has the highest worst-group accuracy, erm's difference to it holds 0: tied, no best.
+    metrics, data = _runs()
+    built = render.build_report(metrics, data, boot=defaults("evaluate", "default", bootstrap_resamples=200))
+    rows = model_rows(built.markdown)
+    col = render.HEADER.index("vs best (worst-group)")
+    assert rows["lda"][col] == "highest, **tied** with erm"
+    assert rows["erm"][col].endswith("not significant: **tied**")
+    assert rows["groupdro"][col].endswith(" significant") and "tied" not in rows["groupdro"][col]
+    assert "**Takeaway:** no single best: the highest OOD worst-group accuracy, lda (0.545), is not distinguishable " \
+           "from erm (0.500) at this split's group sizes (smallest test_ood group: 4 examples)" in built.markdown
+    assert "best OOD worst-group accuracy" not in built.markdown
+    assert "| worst-group acc (smallest group: 4) |" in built.markdown
+    assert built.summary["toy"]["_smallest_group"] == {"test_id": 2, "test_ood": 4}
+    # One model far ahead of the others on 240 examples a group: called best.
+    metrics, data = _run([("toy", 0)], gen_acc=0.95, ref_acc=0.3, n=240)
+    keep = [m for m in metrics if m["model"] != "qda"]
+    built = render.build_report(keep, data, boot=defaults("evaluate", "default", bootstrap_resamples=200))
+    assert "**Takeaway:** best OOD worst-group accuracy: **lda** (" in built.markdown
+    assert "ahead of every other model (paired bootstrap, each interval excludes 0)" in built.markdown
+
+
+def test_effective_robustness_interval_precision_and_extrapolation() -> None:
+    from stages.core.config import defaults
+    from tests.test_report_html import _runs
+
+    metrics, data = _runs()
+    boot = defaults("evaluate", "default", bootstrap_resamples=200, er_reference=["groupdro", "lda_student", "lda"])
+    built = render.build_report(metrics, data, boot=boot)
+    col = render.HEADER.index("eff. robustness")
+    rows = model_rows(built.markdown)
+    for model in ("erm", "lda", "groupdro", "lda_student"):
+        s = built.summary["toy"][model]
+        lo, hi = s["effective_robustness_ci"]
+        d = render.supported_decimals([lo, hi])
+        assert lo <= s["effective_robustness"] <= hi or d < 3, model
+        assert rows[model][col].startswith(f"{s['effective_robustness']:+.{d}f} [{lo:+.{d}f}, {hi:+.{d}f}]"), rows[model][col]
+    # The reference points' ID accuracies span 0.900–0.942; erm's 0.767 lies outside: extrapolated.
+    assert built.summary["toy"]["erm"]["effective_robustness_extrapolated"] is True
+    assert built.summary["toy"]["lda"]["effective_robustness_extrapolated"] is False
+    assert rows["erm"][col].endswith("*extrapolated*") and "extrapolated" not in rows["lda"][col]
+    note = next(r for r in built.markdown.splitlines() if r.startswith("**eff. robustness**"))
+    assert "**Extrapolated** (a seed's ID acc outside the reference points' 0.900–0.942" in note and note.endswith(": erm.")
+    assert "resampled and the line refitted each time" in note
+    assert render.supported_decimals([0.0, 0.8]) == 1 and render.supported_decimals([0.0, 0.08]) == 2
+    assert render.supported_decimals([0.0, 0.008]) == 3 and render.supported_decimals(None) == 1
+
+
+def test_replicate_base_reads_the_prepared_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
+    table = pa.table({"id": pa.array([0], pa.int64())}, schema=schema)
+    write_parquet(table, prepared_path("gauss_seed3"), schema, metadata={"replicate_of": "gauss", "replicate_seed": 3})
+    write_parquet(table, prepared_path("gauss"), schema, metadata={})
+    write_parquet(table, prepared_path("bad"), schema, metadata={"replicate_of": 7})
+    assert comparison.replicate_base("gauss_seed3") == "gauss"
+    assert comparison.replicate_base("gauss") == "gauss"
+    with pytest.raises(ArtifactError, match=r"data/prepared/bad.parquet: file metadata 'replicate_of' must be a dataset name, got 7"):
+        comparison.replicate_base("bad")
+
+
+def test_training_cell_shows_the_over_fitting_flag() -> None:
+    runs = [fake_metrics("gauss", "erm", s) for s in (0, 1)]
+    runs[0]["model_config"] = {**KINDS["erm"], "convergence": {"flag": "plateaued", "improvement": -0.075, "overfitting": True}}
+    runs[1]["model_config"] = {**KINDS["erm"], "convergence": {"flag": "may be under-trained", "improvement": 0.02, "overfitting": False}}
+    row = next(r for r in render.build_report(runs).markdown.splitlines() if r.startswith("| erm"))
+    cell = row.split(" | ")[render.HEADER.index("training")]
+    assert cell == "**may be under-trained** (improved 2.0%, 1/2 seeds); **may be over-fitting** (1/2 seeds)"

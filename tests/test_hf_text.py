@@ -110,7 +110,9 @@ def test_bert_text_erm_learns_is_deterministic_and_round_trips(text_data: Prepar
     loaded = load_model(tmp_path / "m")
     assert isinstance(loaded, BertTextClassifier) and loaded.kind == "text" and loaded.input == "text"
     texts = [*text_data.text[:40], "", "NOT   great, indeed!"]
-    assert np.array_equal(loaded.logits(texts, batch_size=7), model.logits(texts))
+    assert np.array_equal(loaded.logits(texts), model.logits(texts))
+    # Another batch size may round the last bit differently (GEMM kernels block by batch), not more.
+    np.testing.assert_allclose(loaded.logits(texts, batch_size=7), model.logits(texts), rtol=1e-5, atol=1e-6)
     cost = read_json(tmp_path / "m" / CONFIG)["inference_cost"]
     assert cost["params"] == sum(t.numel() for t in model.state_dict().values()) and cost["macs"] > 0
 

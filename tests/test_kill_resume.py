@@ -8,6 +8,7 @@ complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTER
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -40,10 +41,17 @@ EPOCHS = 4
 
 # Tiny configs. The generative ones score at epochs 3 and 4 only (eval_every=3), so the
 # checkpoints of epochs 1-2 that the tests resume from have no best-so-far and a short history.
+# groupdro draws its epochs group-balanced and jtt trains on its errors' copies (the published
+# recipes): both samplers draw from the loop's generator, which the checkpoint carries.
 TINY = {
     "diffusion": ["eval_every=3", "width=16", "steps=20", "draws=4", "select_draws=2", "batch_size=32"],
     "autoregressive": ["eval_every=3", "bins=8", "d_model=16", "ff=32", "batch_size=32"],
+    "jtt": ["hidden=[8]", "lr=0.02", "id_epochs=1", "upweight=10"],
 }
+RESUMABLE = ("erm", "groupdro", "jtt", "diffusion", "autoregressive")
+# An autoregressive model that stops on the plateau test (patience 2) long before its budget.
+PLATEAU = ["method.autoregressive.epochs=40", "method.autoregressive.patience=2", "method.autoregressive.eval_every=5",
+           *(f"method.autoregressive.{kv}" for kv in ("bins=8", "d_model=16", "ff=32", "batch_size=32", "lr=0.01"))]
 
 
 def fast(method: str) -> list[str]:
@@ -106,10 +114,12 @@ def reference(tmp_path_factory) -> dict[str, dict[str, bytes]]:
     try:
         workspace(root)
         out: dict[str, dict[str, bytes]] = {}
-        for method in ("erm", "groupdro", "diffusion", "autoregressive"):
+        for method in RESUMABLE:
             assert train.main([DS, method, "0", *fast(method)]) == 0
             assert not ckpt_dir(method).exists(), "a successful stage deletes its checkpoints"
             out[method] = folder_bytes(model_dir(DS, method, 0))
+        assert train.main([DS, "autoregressive", "0", *PLATEAU]) == 0
+        out["plateau"] = folder_bytes(model_dir(DS, "autoregressive", 0))
         assert evaluate.main([DS, "erm", "0"]) == 0
         out["evaluate"] = {"predictions": predictions_path(DS, "erm", 0).read_bytes(),
                            "metrics": metrics_path(DS, "erm", 0).read_bytes(), **{
@@ -125,7 +135,7 @@ def work(tmp_path, monkeypatch) -> Path:
     return workspace(tmp_path)
 
 
-@pytest.mark.parametrize("method", ["erm", "groupdro", "diffusion", "autoregressive"])
+@pytest.mark.parametrize("method", RESUMABLE)
 def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference, method, capsys):
     killed = run_stage("train", DS, method, "0", *fast(method), fault="kill_after_epoch:2")
     assert killed.returncode == -signal.SIGKILL
@@ -138,6 +148,26 @@ def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference,
     assert f"resuming from {ckpt_dir(method)}/epoch-000002.safetensors (epoch 2)" in err
     assert folder_bytes(model_dir(DS, method, 0)) == reference[method]
     assert not ckpt_dir(method).exists()
+
+
+def test_a_run_stopped_on_the_plateau_resumes_to_the_same_stop(work, reference, capsys):
+    """Killed mid-training, or after the epoch the plateau test stopped it at (its folder written but
+    not renamed, that epoch's checkpoint kept): the re-run stops at the same epoch, byte-identical,
+    and never trains past it."""
+    config = json.loads(reference["plateau"]["config.json"])
+    stop = config["final_epoch"]
+    assert config["convergence"]["stopped"] == "plateau" and stop < 40 and config["convergence"]["flag"] == "plateaued"
+    assert run_stage("train", DS, "autoregressive", "0", *PLATEAU, fault="kill_after_epoch:5").returncode == -signal.SIGKILL
+    assert train.main([DS, "autoregressive", "0", *PLATEAU]) == 0
+    assert "(epoch 5)" in capsys.readouterr().err
+    assert folder_bytes(model_dir(DS, "autoregressive", 0)) == reference["plateau"]
+
+    shutil.rmtree(model_dir(DS, "autoregressive", 0))
+    killed = run_stage("train", DS, "autoregressive", "0", *PLATEAU, fault="kill_before_rename:seed=0")
+    assert killed.returncode == -signal.SIGKILL and (ckpt_dir("autoregressive") / f"epoch-{stop:06d}.safetensors").is_file()
+    assert train.main([DS, "autoregressive", "0", *PLATEAU]) == 0
+    assert f"(epoch {stop})" in capsys.readouterr().err
+    assert folder_bytes(model_dir(DS, "autoregressive", 0)) == reference["plateau"]
 
 
 @pytest.mark.parametrize(("method", "fault", "sig"), [("erm", "interrupt", signal.SIGINT), ("erm", "term", signal.SIGTERM),

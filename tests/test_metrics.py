@@ -50,11 +50,13 @@ def test_accuracy_and_groups_by_hand(hand: dict) -> None:
     assert hand["acc"] == pytest.approx(3 / 5)  # examples 0, 2, 3
     # g0: 1 of 2, g1: 1 of 1, g2: absent, g3: 1 of 2
     # pred: counts of each predicted class in the group (its row of the confusion matrix)
+    # ci: Clopper–Pearson, closed form here: 1 of 2 -> [1 − √.975, √.975]; 1 of 1 -> [.025, 1]
+    half = [1 - math.sqrt(0.975), math.sqrt(0.975)]
     assert hand["groups"] == {
-        "0": {"n": 2, "acc": 0.5, "pred": [1, 1]},
-        "1": {"n": 1, "acc": 1.0, "pred": [1, 0]},
-        "2": {"n": 0, "acc": None, "pred": [0, 0]},
-        "3": {"n": 2, "acc": 0.5, "pred": [1, 1]},
+        "0": {"n": 2, "acc": 0.5, "ci": pytest.approx(half), "pred": [1, 1]},
+        "1": {"n": 1, "acc": 1.0, "ci": pytest.approx([0.025, 1.0]), "pred": [1, 0]},
+        "2": {"n": 0, "acc": None, "ci": None, "pred": [0, 0]},
+        "3": {"n": 2, "acc": 0.5, "ci": pytest.approx(half), "pred": [1, 1]},
     }
     # rows = true class, columns = predicted: class 0 -> 2 right (0, 2), 1 wrong; class 1 -> 1, 1
     assert hand["confusion"] == [[2, 1], [1, 1]]
@@ -258,8 +260,8 @@ def test_single_class_split_and_logit_ties() -> None:
     assert m["acc"] == 0.5
     assert m["balanced_acc"] == 0.5  # class 0 absent: mean over the present class only
     assert m["confusion"] == [[0, 0], [2, 2]]
-    assert m["groups"]["0"] == {"n": 0, "acc": None, "pred": [0, 0]}
-    assert m["groups"]["2"] == {"n": 2, "acc": 0.5, "pred": [1, 1]}
+    assert m["groups"]["0"] == {"n": 0, "acc": None, "ci": None, "pred": [0, 0]}
+    assert m["groups"]["2"] == {"n": 2, "acc": 0.5, "ci": pytest.approx([1 - math.sqrt(0.975), math.sqrt(0.975)]), "pred": [1, 1]}
     assert m["worst_group_acc"] == 0.5
 
 
@@ -378,3 +380,87 @@ def test_effective_robustness_on_a_logit_line() -> None:
         robustness_baseline([0.1, 0.2, 0.3], [0.1, 0.2])
     assert seed_summary([0.5, 0.7]) == {"mean": pytest.approx(0.6), "sd": pytest.approx(0.1414213562), "n": 2}
     assert seed_summary([0.5])["sd"] is None
+
+
+# ---- exact intervals for small groups (issue 23 item 8) -------------------------------------------
+
+
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k), X ~ Binomial(n, p), summed term by term (the brute-force reference)."""
+    return math.fsum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def test_clopper_pearson_is_the_exact_binomial_interval() -> None:
+    from stages.evaluation.metrics import clopper_pearson
+
+    # 0 of 9 correct: not [0, 0] (a stratified bootstrap's answer) but [0, 1 − .025^(1/9)] ≈ [0, 0.336].
+    lo, hi = clopper_pearson(0, 9)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 9), rel=1e-12) and hi == pytest.approx(0.3363, abs=1e-4)
+    assert clopper_pearson(9, 9) == pytest.approx([0.025 ** (1 / 9), 1.0], rel=1e-12)
+    # Its defining equations, against binomial tails summed by hand: P(X >= k | lo) = P(X <= k | hi) = .025.
+    for k, n, level in ((1, 9, 0.95), (5, 9, 0.95), (7, 9, 0.99), (3, 40, 0.95), (199, 200, 0.9)):
+        lo, hi = clopper_pearson(k, n, level)
+        tail = (1 - level) / 2
+        assert 1 - _binomial_cdf(k - 1, n, lo) == pytest.approx(tail, abs=1e-10), (k, n)
+        assert _binomial_cdf(k, n, hi) == pytest.approx(tail, abs=1e-10), (k, n)
+    # Coverage, computed exactly (no simulation): at every p of a grid the interval holds p with
+    # probability >= 95% over X ~ Binomial(9, p).
+    bounds = [clopper_pearson(k, 9) for k in range(10)]
+    for p in np.linspace(0.001, 0.999, 199):
+        cover = math.fsum(math.comb(9, k) * p**k * (1 - p) ** (9 - k) for k, (a, b) in enumerate(bounds) if a <= p <= b)
+        assert cover >= 0.95 - 1e-12, p
+    with pytest.raises(ValueError, match="0 <= hits <= n"):
+        clopper_pearson(10, 9)
+
+
+def test_worst_group_exact_interval_is_simultaneous_and_never_a_point() -> None:
+    from stages.evaluation.metrics import bootstrap_ci, clopper_pearson, worst_group_exact
+
+    # Two big groups and one of 9 the model gets all wrong: the bootstrap says [0, 0].
+    g = np.concatenate([np.zeros(200, int), np.ones(200, int), np.full(9, 2)])
+    correct = np.concatenate([np.arange(400) % 10 < 8, np.zeros(9, bool)])
+    assert bootstrap_ci(correct, g, 3, 500, [0, 3])["worst_group_acc"] == [0.0, 0.0]
+    m = split_metrics(np.stack([correct, ~correct], axis=1).astype(float) * 2 - 1, np.zeros(len(g), int), g, 3,
+                      np.full(3, 1 / 3), ece_bins=5)
+    assert m["worst_group_acc"] == 0.0
+    lo, hi = m["worst_group_acc_exact"]
+    # Each of the 3 groups at level 1 − .05/3 (Bonferroni): the worst group's upper bound.
+    assert lo == 0.0 and hi == pytest.approx(clopper_pearson(0, 9, 1 - 0.05 / 3)[1]) and hi > 0.336
+    assert m["groups"]["2"]["ci"] == pytest.approx(clopper_pearson(0, 9))
+    # Seeds: S·P intervals at level 1 − .05/(S·P); the bounds are the seed means of each seed's worst.
+    hits = np.array([[160, 150, 0], [170, 120, 9]])
+    n = np.array([200, 200, 9])
+    each = 1 - 0.05 / 6
+    per_seed = [min((clopper_pearson(int(h), int(k), each) for h, k in zip(row, n, strict=True)), key=lambda b: b[0])
+                for row in hits]
+    highs = [min(clopper_pearson(int(h), int(k), each)[1] for h, k in zip(row, n, strict=True)) for row in hits]
+    assert worst_group_exact(hits, n) == pytest.approx([np.mean([b[0] for b in per_seed]), np.mean(highs)])
+    # An absent group is left out, not counted as a group of 0.
+    assert worst_group_exact(np.array([[5, 0]]), np.array([10, 0])) == pytest.approx(clopper_pearson(5, 10))
+
+
+def test_effective_robustness_interval_resamples_points_and_examples() -> None:
+    from stages.evaluation.metrics import robustness_baseline, robustness_bootstrap
+
+    rng = np.random.default_rng(4)
+    n = 400
+    g = np.repeat(np.arange(4), n // 4)
+    # Six reference runs whose (ID, OOD) accuracies lie near one logit line, and a model 0.1 above it.
+    id_acc = np.array([0.70, 0.75, 0.80, 0.85, 0.90, 0.93])
+    ood_acc = 1 / (1 + np.exp(-(0.8 * np.log(id_acc / (1 - id_acc)) - 1.0)))
+    id_acc = np.append(id_acc, 0.80)
+    ood_acc = np.append(ood_acc, float(1 / (1 + np.exp(-(0.8 * np.log(4.0) - 1.0)))) + 0.1)
+    id_correct = rng.random((7, n)) < id_acc[:, None]
+    ood_correct = rng.random((7, n)) < ood_acc[:, None]
+    base = robustness_baseline(id_correct[:6].mean(1), ood_correct[:6].mean(1))
+    point = [base.effective_robustness(id_correct[i].mean(), ood_correct[i].mean()) for i in (0, 6)]
+    (ref_ci, model_ci), left_out = robustness_bootstrap(id_correct, ood_correct, g, g, range(6), [[0], [6]], 1000, [0, 400])
+    assert ref_ci[0] < point[0] < ref_ci[1] and ref_ci[0] < 0 < ref_ci[1]
+    assert model_ci[0] < point[1] < model_ci[1] and model_ci[0] > 0  # 0.1 above the line, 400 examples a split
+    assert left_out == 0  # six distinct ID accuracies: a resample has one with probability 6·6^-6
+    again = robustness_bootstrap(id_correct, ood_correct, g, g, range(6), [[0], [6]], 1000, [0, 400])
+    assert again == ([ref_ci, model_ci], 0)
+    # Three reference points: a resample draws one point thrice with probability 3·3^-3 = 1/9, and
+    # has no line then; over 9,000 resamples the rate is 1/9 within 4 binomial sds (± 0.013).
+    _, left_out = robustness_bootstrap(id_correct, ood_correct, g, g, [0, 2, 4], [[6]], 9000, [1, 400])
+    assert abs(left_out / 9000 - 1 / 9) < 4 * math.sqrt(1 / 9 * 8 / 9 / 9000)

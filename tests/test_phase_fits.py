@@ -1,7 +1,10 @@
 """The phase diagram's two fits as toy analyses make them (stages/phase.py): logistic regression
 fitted to convergence and LDA with a d-independent shrinkage agree with scikit-learn on the
 same data, also with d_noise ≥ 10 × n_train; the population LDA's closed-form worst-group
-accuracy agrees with Monte Carlo; and the covariance shrinkage targets (stages/models/gaussian.py)."""
+accuracy agrees with Monte Carlo and the population logistic regression's with a very large
+sample; a cell's interval over seeds and its winner (stages/evaluation/phase_cells.py); the
+regime measure predicts cells it was not fitted to; and the covariance shrinkage targets
+(stages/models/gaussian.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from stages.core import registry
 from stages.core.config import CONF, defaults, section
 from stages.core.schema import ConfigError
 from stages.core.settings import PhaseConfig
-from stages.datasets.gaussian_shortcut import population_lda, sample_split
+from stages.datasets.gaussian_shortcut import population_groups, population_lda, sample_split
+from stages.evaluation import regime
+from stages.evaluation.phase_cells import phase_wins, prediction_agreement, seed_interval, winner
 from stages.models.gaussian import shrink
 from stages.models.lda_model import fit_lda
 from stages.models.schemas import SHRINK_TARGETS
@@ -126,6 +131,88 @@ def test_population_wga_is_the_population_lda_rule_on_fresh_draws(knobs: dict) -
 def test_population_wga_is_none_without_a_closed_form() -> None:
     other = next(k for k, s in registry.datasets().items() if s.generate is not None and k != "gaussian_shortcut")
     assert phase.population_worst_group(defaults("dataset", other)) is None
+    assert phase.population_worst_groups(defaults("dataset", other)) is None
+
+
+def test_population_logistic_regression_line_is_the_large_sample_fit() -> None:
+    """The phase's population logistic regression (the dash-dotted line) against scikit-learn's,
+    fitted to 300,000 train rows of the base cell, both scored exactly on the test_ood groups."""
+    from sklearn.linear_model import LogisticRegression
+
+    _, base, _ = _phase()
+    cfg = dataclasses.replace(base, d_noise=2)
+    lda, lr = phase.population_worst_groups(cfg)
+    assert lda == pytest.approx(phase.population_worst_group(cfg)) and lda < 0.05 < 0.3 < lr < 0.35
+    y, _, x = sample_split(cfg, 300_000, cfg.rho_train, np.random.default_rng(3))
+    fit = LogisticRegression(C=1e6, tol=1e-10, max_iter=10_000).fit(x.astype(np.float64), y)
+    w, b = fit.coef_[0], fit.intercept_[0]
+    accs = []
+    for group in population_groups(cfg, cfg.rho_ood):
+        if group.prob > 0:
+            margin = (float(group.mean @ w) + b) / math.sqrt(float(w @ group.cov @ w))
+            accs.append(0.5 * math.erfc(-(margin if group.y == 1 else -margin) / math.sqrt(2)))
+    assert min(accs) == pytest.approx(lr, abs=0.01)
+
+
+# ---- a cell's interval and winner, and the regime's calls against cells ----------------------
+
+
+def test_seed_interval_covers_the_mean_at_its_level_over_many_draws() -> None:
+    """Statistical: 2,000 draws of 10 seeds' differences (normal, mean 0.03, sd 0.05): the 95 %
+    t interval holds 0.03 in 93–97 % of them (binomial sd 0.5 %), where a normal-quantile
+    interval would hold it in ~92 %."""
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(2000):
+        mean, low, high = seed_interval(rng.normal(0.03, 0.05, size=10))
+        covered += low <= 0.03 <= high
+        assert low < mean < high
+    assert 0.93 <= covered / 2000 <= 0.97
+    assert seed_interval([0.2]) == (0.2, None, None)
+    mean, low, high = seed_interval([0.1, 0.3])  # t at 1 degree of freedom: 12.7 × sd/√2
+    assert (low, high) == (pytest.approx(0.2 - 12.7062 * 0.1414214 / math.sqrt(2), rel=1e-4), pytest.approx(0.2 + 1.27062, rel=1e-4))
+
+
+def test_winners_ties_and_the_regimes_calls_are_counted_apart() -> None:
+    assert [winner(0.01, 0.2), winner(-0.2, -0.01), winner(-0.1, 0.1), winner(None, None)] == [
+        "generative", "discriminative", "tie", "tie"
+    ]
+    cells = [
+        {"winner": "discriminative", "predicted": "more"},
+        {"winner": "tie", "predicted": "more"},
+        {"winner": "generative", "predicted": "more"},
+        {"winner": "generative", "predicted": "less"},
+        {"winner": "tie", "predicted": None},
+        {"winner": "generative", "predicted": None},
+    ]
+    assert phase_wins(cells) == (3, 1, 2) and phase_wins(cells).tie == 2
+    assert prediction_agreement(cells) == (4, 2, 1, 1, 2, 1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "call", "measured"),
+    [
+        # the shortcut regime: the population gap is −0.32 and logistic regression wins
+        ({"spurious_scale": 1.0, "rho_train": 0.95}, "more", "discriminative"),
+        # cue 20 ≫ core 2, but at ρ = 0.6 (separation alone says "more"): no call, a tie
+        ({"spurious_scale": 2.0, "rho_train": 0.6}, None, "tie"),
+        # cue 0.5 < core 2 (separation alone says "less"): no call, a tie
+        ({"spurious_scale": 0.05, "rho_train": 0.95}, None, "tie"),
+    ],
+)
+def test_regime_measure_predicts_cells_it_was_not_fitted_to(knobs: dict, call: str | None, measured: str) -> None:
+    """Three cells of the phase diagram's separation × ρ panel at d/n 0.05, 12 seeds each (data
+    redrawn per seed), run as the stage runs them: the regime's call (from the dataset's
+    closed-form separation dict) names the measured winner, and where it calls, the measured
+    difference is within 0.06 of the population gap (the finite-sample part)."""
+    pcfg, base, gcfg = _phase()
+    cells = [phase.compare_cell(phase.cell_config(base, {**knobs, "n_train": 200}, s), pcfg, gcfg, s) for s in range(12)]
+    sep = cells[0]["separation"]
+    assert (sep["cue"] > sep["core"]) == (knobs["spurious_scale"] >= 1.0)  # what separation alone would call
+    mean, low, high = seed_interval([c["generative_wga"] - c["discriminative_wga"] for c in cells])
+    assert regime.expected_use(sep) == call and winner(low, high) == measured, (sep, mean, low, high)
+    if call is not None:
+        assert abs(mean - sep["gap"]) < 0.06
 
 
 # ---- shrinkage targets ------------------------------------------------------------------------
@@ -181,19 +268,31 @@ def test_lda_and_qda_read_the_shrink_target() -> None:
     np.testing.assert_allclose(model.covariance.numpy(), 0.6 * s + 0.4 * np.diag(np.diag(s)), rtol=1e-10)
 
 
-def test_report_draws_the_population_answer_beside_each_panel() -> None:
-    from stages.reporting import phase_section
+def test_report_draws_the_population_answers_beside_each_panel_and_ties_grey() -> None:
+    from stages.reporting import figures, phase_section
     cells = [
         {"panel": 0, "x_knob": "n_train", "x": float(n), "y_knob": "d_noise", "y": float(d), "diff": 0.1 - 0.001 * n,
-         "generative_wga": 0.3, "discriminative_wga": 0.2 + 0.001 * n, "population_wga": 0.011,
+         "diff_low": 0.05 - 0.001 * n, "diff_high": 0.15 - 0.001 * n, "seeds": 10,
+         "winner": winner(0.05 - 0.001 * n, 0.15 - 0.001 * n),
+         "generative_wga": 0.3, "discriminative_wga": 0.2 + 0.001 * n, "population_wga": 0.011, "population_lr_wga": 0.328,
+         "predicted": "more", "d_over_n": (2 + d) / n, "separation": {"cue": 10.0},
          "l2_lines": [{"l2": 0.01, "wga": 0.25, "ood_acc": 0.5}]}
         for n in (25, 200) for d in (0, 2048)
     ]
     figs = phase_section.phase_figures(cells)
     assert [name for name, _, _ in figs] == ["phase-0", "phase-0-lines"]
     heat, lines = figs[0][2], figs[1][2]
-    assert "population LDA 0.011" in heat and "LR λ=0.01 0.250" in heat  # in each cell's tooltip
-    assert lines.count('stroke-dasharray="1 3"') == 2 + 1  # a dotted population line per d_noise + its legend
-    assert "population" in figs[1][1]
-    without = phase_section.phase_figures([{k: v for k, v in c.items() if k != "population_wga"} for c in cells])
-    assert 'stroke-dasharray="1 3"' not in without[1][2]
+    assert "population LDA 0.011" in heat and "population LR 0.328" in heat and "LR λ=0.01 0.250" in heat  # tooltips
+    assert "interval [+0.025, +0.125]" in heat and "regime call: more" in heat
+    # n 25: +0.075 [+0.025, +0.125] is a win, coloured; n 200: −0.1 [−0.15, −0.05] too; ...
+    assert heat.count(figures.TIE_FILL) == 0
+    tied = [dict(c, winner="tie") if c["x"] == 25.0 else c for c in cells]
+    assert phase_section.phase_figures(tied)[0][2].count(figures.TIE_FILL) == 2  # ... unless the interval holds 0
+    assert "grey: a tie" in figs[0][1]
+    assert lines.count('stroke-dasharray="1 3"') == 2 + 1  # a dotted population LDA line per d_noise + its legend
+    assert lines.count('stroke-dasharray="6 2 1 2"') == 2 + 1  # and a dash-dotted population logistic regression
+    assert "25 (cue 10)" in lines and "population" in figs[1][1]
+    without = phase_section.phase_figures([{k: v for k, v in c.items() if not k.startswith("population")} for c in cells])
+    assert 'stroke-dasharray="1 3"' not in without[1][2] and 'stroke-dasharray="6 2 1 2"' not in without[1][2]
+    text, _ = phase_section.phase_section(tied)
+    assert "10 seeds per cell" in text and "2 are ties" in text and "at d/n < 1 (2 cells), it calls 2" in text

@@ -152,6 +152,41 @@ def test_gaussian_sample_matches_population_moments() -> None:
         assert np.allclose(rows.mean(0), g.mean, atol=0.1)
 
 
+def test_colored_digits_test_repeats_copy_test_images_with_fresh_cues_and_leave_train_alone() -> None:
+    once, _ = colored_digits.generate(defaults("dataset", "colored_digits"))
+    cfg = defaults("dataset", "colored_digits", test_repeats=4)
+    many, meta = colored_digits.generate(cfg)
+    n_images = len(colored_digits.load_images()[1])
+    for split in ("train", "val"):  # untouched: same rows, same bytes
+        a, b = once["split"] == split, many["split"] == split
+        for col in ("id", "y", "a", "x"):
+            assert np.array_equal(once[col][a], many[col][b]), (split, col)
+    for split in ("test_id", "test_ood"):
+        a, b = once["split"] == split, many["split"] == split
+        ids = many["id"][b]
+        image = ids % n_images
+        # every image of the split, 4 times (ids r·1797 + image), with its label
+        assert meta["split_sizes"][split] == 4 * a.sum()
+        assert sorted(np.unique(image)) == sorted(once["id"][a])
+        assert np.bincount(image).max() == 4 and set(ids // n_images) == {0, 1, 2, 3}
+        assert np.array_equal(many["y"][b], (colored_digits.load_images()[1][image] < 5).astype(np.int64))
+        # the copies of one image differ: their cue noise (and often their attribute) is drawn afresh
+        x = many["x"][b]
+        first = np.flatnonzero(image == image[0])
+        assert len({x[i].tobytes() for i in first}) == 4
+        for y in (0, 1):
+            in_class = many["y"][b] == y
+            # the attribute still follows the split's rho over the copies, exactly
+            n = int(in_class.sum())
+            rho = cfg.rho_ood if split == "test_ood" else cfg.rho_train
+            assert int((many["a"][b][in_class] == y).sum()) == agreement_counts(n, rho)[0]
+            # the small group holds distinct images (assigned round by round)
+            for a_value in (0, 1):
+                group = in_class & (many["a"][b] == a_value)
+                if group.sum() <= len(np.unique(image[in_class])):
+                    assert len(np.unique(image[group])) == group.sum(), (split, y, a_value)
+
+
 @pytest.mark.parametrize("form", ["color", "marker", "background"])
 def test_each_cue_form_changes_the_same_digit(form: str) -> None:
     images, _ = colored_digits.load_images()

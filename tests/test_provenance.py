@@ -26,7 +26,7 @@ from stages.core.config import load_params, section
 from stages.core.io import ArtifactError, read_json, read_metadata, read_weights_meta, write_json
 from stages.core.settings import EvaluateConfig
 from stages.evaluation import comparison
-from stages.models import CONFIG, EMBEDDINGS, ENCODER, HISTORY, WEIGHTS
+from stages.models import CONFIG, EMBEDDINGS, ENCODER, FINAL_WEIGHTS, HISTORY, WEIGHTS
 from tests.test_train import DS, write_prepared
 
 FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]", "method.groupdro.epochs=2", "method.groupdro.hidden=[8]"]
@@ -89,7 +89,7 @@ def test_every_artifact_records_what_made_it(workdir):
 def test_models_built_on_another_model_record_its_weights(workdir):
     trained("erm")
     assert train.main([DS, "dfr", "0", "method.dfr.c_grid=[0.1]", "method.dfr.n_refits=2"]) == 0
-    upstream = model_dir(DS, "erm", 0) / WEIGHTS
+    upstream = model_dir(DS, "erm", 0) / FINAL_WEIGHTS  # dfr's base: erm's last epoch
     made = read_json(model_dir(DS, "dfr", 0) / CONFIG)["provenance"]
     assert made["inputs"] == {PREPARED: sha256(prepared_path(DS)), upstream.as_posix(): sha256(upstream)}
 
@@ -185,7 +185,7 @@ def test_distill_and_dfr_refuse_a_foreign_model_they_build_on(workdir, capsys):
     shutil.rmtree(model_dir(DS, "erm", 0))
     shutil.copytree(model_dir(DS, "groupdro", 0), model_dir(DS, "erm", 0))
     line = refusal(capsys, train.main, [DS, "dfr", "0"])
-    assert line.startswith(f"train: error: {model_dir(DS, 'erm', 0) / WEIGHTS} was trained as method 'groupdro' (kind groupdro), not 'erm';")
+    assert line.startswith(f"train: error: {model_dir(DS, 'erm', 0) / FINAL_WEIGHTS} was trained as method 'groupdro' (kind groupdro), not 'erm';")
     assert not model_dir(DS, "dfr", 0).exists()
 
 

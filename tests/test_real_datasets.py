@@ -161,13 +161,13 @@ def _contract(dataset: str) -> artifacts.Prepared:
     assert p.meta["dataset"] == dataset and p.meta["kind"] == dataset
     # the regime, estimated as the rows streamed past, is the in-memory estimate on the train
     # rows (images area-averaged to 3×8×8; a fixture's groups are far below the sampling cap)
-    from stages.evaluation.regime import estimate_separation, pool_pixels
+    from stages.evaluation.regime import KEYS, estimate_separation, pool_pixels
 
     train = p.subset("train")
     features = pool_pixels(train.x, p.shape[-1]) if p.meta.get("layout") == "CHW" else train.x
     want = estimate_separation(features, train.y, train.a, p.n_attrs)
     got = p.meta["separation"]
-    assert set(got) == {"cue", "core"} and p.meta["separation_source"].startswith("train_sample")
+    assert set(got) == set(KEYS) and p.meta["separation_source"].startswith("train_sample")
     for k in ("cue", "core"):
         assert (got[k] is None and want[k] is None) or got[k] == pytest.approx(want[k], abs=2e-4), (k, got, want)
     return p

@@ -37,7 +37,7 @@ from stages.core.runtime import setup_torch
 from stages.core.schema import SELECTION_SPLIT
 from stages.core.settings import PretrainConfig, RunConfig
 from stages.datasets import colored_digits
-from stages.models import CONFIG, EMBEDDINGS, WEIGHTS, load_model
+from stages.models import CONFIG, EMBEDDINGS, FINAL_WEIGHTS, WEIGHTS, load_model
 from stages.models.dfr import Embedded, balanced_subsample, fit_dfr, halves
 from stages.models.history import SELECTION_METRIC, selection_summary
 from stages.models.jtt import jtt_weights
@@ -197,7 +197,10 @@ def fit(prepared: Prepared, kind: str, **overrides: Any) -> Trained:
 
 
 def test_groupdro_and_jtt_beat_erm_on_the_worst_group_of_colored_digits(digits):
-    """Same backbone, epochs and selection (val_worst_group) for all three; the defaults otherwise."""
+    """Same backbone, epochs and selection (val_worst_group) for all three; the published recipes
+    otherwise (conf/method/*.yaml). Measured over seeds 0-3 (test_ood worst-group): erm 0.05-0.22,
+    groupdro 0.54-0.67, jtt 0.44-0.56 — JTT's λ = 100 copies of the 44 errors (the minority
+    groups) over-sample them ~5:1 here; λ = 20 copies gave 0.56-0.67."""
     common = dict(hidden=[64], epochs=20, selection="val_worst_group")
     erm = fit(digits, "erm", **common).metrics["test_ood"]["worst_group_acc"]
     dro = fit(digits, "groupdro", **common).metrics["test_ood"]["worst_group_acc"]
@@ -206,7 +209,7 @@ def test_groupdro_and_jtt_beat_erm_on_the_worst_group_of_colored_digits(digits):
     info = jtt_trained.record
     assert erm < 0.35, erm  # the colour shortcut bites ERM
     assert dro > erm + 0.25, (erm, dro)
-    assert jtt > erm + 0.25, (erm, jtt)
+    assert jtt > erm + 0.15, (erm, jtt)
     # JTT's identification run's errors are the minority groups (y != a: g = 1 and 2).
     found = info["jtt"]["errors_by_group"]
     assert found["1"] + found["2"] >= 0.9 * info["jtt"]["n_errors"] > 0
@@ -410,9 +413,11 @@ def test_dfr_refits_the_head_of_the_model_its_features_name(clean_runs, poisonab
     _, config = clean_runs["dfr"]
     features = config["config"]["features"]
     assert config["dfr"]["features"] == features and config["dfr"]["n_refits"] == config["config"]["n_refits"] >= 10
-    assert config["dfr"]["features_from"] == str(model_dir(DS, features, 0) / WEIGHTS)
+    # The base model is the features method's last epoch (final.safetensors), as the DFR code's.
+    assert config["dfr"]["features_from"] == str(model_dir(DS, features, 0) / FINAL_WEIGHTS) and config["dfr"]["base"] == "final"
     assert {"c", "grid", "penalty"} <= set(config["dfr"]) and len(config["dfr"]["grid"]) == len(config["config"]["c_grid"])
-    ours, base = load_model(model_dir(DS, "dfr", 0)).state_dict(), load_model(model_dir(DS, features, 0)).state_dict()
+    ours = load_model(model_dir(DS, "dfr", 0)).state_dict()
+    base = load_model(model_dir(DS, features, 0), weights=FINAL_WEIGHTS).state_dict()
     assert set(ours) == set(base)
     assert all(torch.equal(t, ours[k]) for k, t in base.items() if not k.startswith("head."))
     assert not torch.equal(base["head.weight"], ours["head.weight"])
@@ -430,7 +435,9 @@ def test_dfr_refits_the_head_of_the_model_its_features_name(clean_runs, poisonab
     assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=qda"]) == 2  # never trained here
     err = capsys.readouterr().err
     assert "method.dfr.features" in err and str(model_dir(DS, "qda", 0)) in err
-    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=lda"]) == 2  # no hidden layer
+    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=lda"]) == 2  # no last epoch: fitted once
+    assert "set method.dfr.base=selected" in capsys.readouterr().err
+    assert train.main([DS, "dfr", "0", *TINY, "method.dfr.features=lda", "method.dfr.base=selected"]) == 2  # no hidden layer
     assert "method.dfr.features: method 'lda' saved a 'lda' model" in capsys.readouterr().err
 
 
@@ -440,8 +447,15 @@ def test_dfr_refits_the_head_of_the_model_its_features_name(clean_runs, poisonab
 @pytest.mark.parametrize(
     "override, key",
     [
-        ("method.jtt.upweight=0", "method.jtt.upweight"),
+        ("method.jtt.upweight=2.5", "method.jtt.upweight"),  # copies: a whole number
         ("method.jtt.upweight=-2", "method.jtt.upweight"),
+        ("method.jtt.upsample=smote", "method.jtt.upsample"),
+        ("method.groupdro.eta=0", "method.groupdro.eta"),
+        ("method.groupdro.adjustment=-1", "method.groupdro.adjustment"),
+        ("method.groupdro.sampling=stratified", "method.groupdro.sampling"),
+        ("method.dfr.base=best", "method.dfr.base"),
+        ("method.diffusion.patience=-1", "method.diffusion.patience"),
+        ("method.autoregressive.patience=-2", "method.autoregressive.patience"),
         ("method.jtt.id_epochs=0", "method.jtt.id_epochs"),
         ("method.reweight.balance=domain", "method.reweight.balance"),
         ("method.probe.init=scratch", "method.probe.init"),

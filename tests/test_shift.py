@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 from pathlib import Path
 
@@ -111,25 +112,28 @@ def test_reweight_and_regenerate_routes_agree_on_gaussian_shortcut() -> None:
 
 
 def test_phase_diagram_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two cells of the toy phase diagram, run as the real stage: each classifier wins one."""
+    """Two cells of the toy phase diagram, 10 seeds each, run as the real stage: a winner only
+    where the seeds' interval excludes 0, the regime's call beside it, same bytes twice."""
     from stages import phase
     monkeypatch.chdir(tmp_path)
     shutil.copy(REPO / "params.yaml", "params.yaml")
-    panel = "[{x: d_noise, x_values: [0, 2048], y: n_train, y_values: [100]}]"
-    argv = [f"phase.panels={panel}", "phase.seeds=[0,1]"]
+    panel = "[{x: spurious_scale, x_values: [0.05, 1.0], y: n_train, y_values: [100]}]"
+    argv = [f"phase.panels={panel}", f"phase.seeds=[{','.join(map(str, range(10)))}]"]
     assert phase.main(argv) == 0
     cells = read_json(phase.PHASE_PATH)
     assert [(c["x_knob"], c["x"], c["y_knob"], c["y"]) for c in cells] == [
-        ("d_noise", 0.0, "n_train", 100.0),
-        ("d_noise", 2048.0, "n_train", 100.0),
+        ("spurious_scale", 0.05, "n_train", 100.0),
+        ("spurious_scale", 1.0, "n_train", 100.0),
     ]
-    # No noise dimensions: LDA leans on the low-noise cue, converged logistic regression less;
-    # d_noise ≫ n_train: the separable train split's max-margin-like fit spends its margin on noise.
-    assert [c["winner"] for c in cells] == ["discriminative", "generative"]
-    assert all(c["seeds"] == 2 and c["diff"] == pytest.approx(c["generative_wga"] - c["discriminative_wga"]) for c in cells)
-    assert cells[1]["discriminative_train_acc"] == 1.0 and all(0 < c["discriminative_iterations"] < 40 for c in cells)
-    # the population LDA's answer does not depend on the (signal-free) noise dimensions
-    assert cells[0]["population_wga"] == cells[1]["population_wga"] is not None
+    # cue 0.5 < core 2: the population rules agree (no call) and the cell is a tie;
+    # cue 10 > core 2 at ρ 0.95: LDA leans on the cue (call "more"), logistic regression wins.
+    assert [c["winner"] for c in cells] == ["tie", "discriminative"]
+    assert [c["predicted"] for c in cells] == [None, "more"]
+    assert cells[0]["diff_low"] < 0 < cells[0]["diff_high"] and cells[1]["diff_high"] < 0
+    assert all(c["seeds"] == 10 and c["diff"] == pytest.approx(c["generative_wga"] - c["discriminative_wga"]) for c in cells)
+    assert all(0 < c["discriminative_iterations"] < 40 for c in cells)
+    assert all(c["population_wga"] < c["population_lr_wga"] for c in cells)  # LDA never leans on the cue less
+    assert cells[1]["separation"]["cue"] == 10.0 and cells[1]["d_over_n"] == pytest.approx((2 + 8) / 100)
     assert [line["l2"] for line in cells[0]["l2_lines"]] == list(load_params(REPO / "params.yaml").phase.l2_lines)
     first = phase.PHASE_PATH.read_bytes()
     assert phase.main(["phase.panels=[]"]) == 0 and read_json(phase.PHASE_PATH) == []
@@ -141,15 +145,23 @@ def test_toy_phase_diagram_experiment_composes_and_validates(tmp_path: Path, mon
     out = compose(output=tmp_path / "params.yaml", overrides=["experiment=toy_phase_diagram"])
     params = load_params(out)
     cfg = section(params, "phase", PhaseConfig)
+    base = dataset_section(params, "phase.base")  # validated by its kind's schema
     knobs = {k for p in cfg.panels for k in (p.x, p.y)}
     assert knobs == {"sigma", "spurious_scale", "rho_train", "d_noise", "n_train"}
-    assert sum(len(p.x_values) * len(p.y_values) for p in cfg.panels) >= 40
-    # many noise dimensions relative to n: a panel reaches d_noise >= 10 x n_train
-    assert any(p.x == "n_train" and p.y == "d_noise" and max(p.y_values) >= 10 * min(p.x_values) for p in cfg.panels)
-    base = dataset_section(params, "phase.base")  # validated by its kind's schema
+    assert knobs <= {f.name for f in dataclasses.fields(base)}
+    assert len(cfg.seeds) >= 10  # enough that a cell's winner is read from its interval
+    # separation × d/n: every panel sweeps the cue's separation, with cells on both sides of the core
+    core = 2 / base.sigma
+    for p in cfg.panels:
+        assert p.x == "spurious_scale"
+        cues = [2 * v * math.sqrt(base.cue_dims) / base.spurious_noise for v in p.x_values]
+        assert min(cues) < core < max(cues), (p, cues)
+    # d/n swept at fixed separation, through the dimension (to ≥ 10) and through the sample
+    d = {p.y: p.y_values for p in cfg.panels}
+    assert (1 + base.cue_dims + max(d["d_noise"])) / base.n_train >= 10 and min(d["d_noise"]) == 0
+    assert min(d["n_train"]) <= 25 and max(d["n_train"]) >= 1600
     assert base.rho_ood == 0.0  # scored on a fully reversed test set
     assert base.noise_scaling == "per_dim"  # adding noise dimensions adds no noise energy
-    assert knobs <= {f.name for f in dataclasses.fields(base)}
 
 
 def test_regenerate_route_is_the_registered_one_and_absent_kinds_get_none() -> None:

@@ -240,7 +240,11 @@ def test_sigterm_to_the_flow_process_alone_then_a_second_one_ends_it_at_once_exi
     assert killed_after < 2, f"block@b lived {killed_after:.1f} s after the second signal"
     assert took < 10, f"took {took:.1f} s"
     assert "block@a stopped by SIGTERM (its command exited -15)" in err
-    assert "block@b stopped by SIGTERM (its command exited -9)" in err
+    # block@b runs in DVC's shell, $SHELL or /bin/sh. bash execs its one command, so the shell's exit
+    # is block.py's SIGKILL (-9); dash (/bin/sh where SHELL is unset, as in CI) does not: the shell
+    # itself dies of the first SIGTERM (-15) while block.py, ignoring it, holds the output pipe open
+    # until the second signal's SIGKILL (killed_after above), and the stage ends only then.
+    assert re.search(r"block@b stopped by SIGTERM \(its command exited -(9|15)\)", err), err[-3000:]
     assert_one_line_and_restored(root, good, err, out, STOPPED.format(sig="SIGTERM"), marker)
     assert "Data and pipelines are up to date" in sh("dvc", "status", cwd=root)
 

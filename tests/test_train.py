@@ -27,7 +27,7 @@ from stages.core.io import (
     read_parquet,
     write_parquet,
 )
-from stages.models import CONFIG, EMBEDDINGS, ENCODER, HISTORY, WEIGHTS, load_model
+from stages.models import CONFIG, EMBEDDINGS, ENCODER, FINAL_WEIGHTS, HISTORY, WEIGHTS, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
@@ -78,7 +78,7 @@ def test_train_erm_writes_the_model_folder(workdir, capsys):
     out = capsys.readouterr().out
     folder = model_dir(DS, "erm", 0)
     assert f"trained erm on {DS} seed 0: epoch " in out and "selected by val_worst_group (val acc " in out and str(folder) in out
-    assert {p.name for p in folder.iterdir()} == {WEIGHTS, CONFIG, HISTORY}
+    assert {p.name for p in folder.iterdir()} == {WEIGHTS, FINAL_WEIGHTS, CONFIG, HISTORY}  # final: the last epoch's weights
     config = read_json(folder / CONFIG)
     assert config["dataset"] == DS and config["seed"] == 0 and config["selection"] == "val_worst_group"
     assert config["reads_splits"] == ["train", "val"]

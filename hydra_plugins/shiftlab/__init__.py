@@ -6,7 +6,8 @@
 - the resolver `${shiftlab.models:${run.methods},${run.teachers}}`: every method and the
   student of every teacher, so `run.models` is derived, never written by hand.
 - the resolver `${shiftlab.dag:${run},${dataset},${method},${phase}}`: params.yaml's `dag` section,
-  the items of dvc.yaml's stages with the code each runs (stages/dag.py). It first validates
+  the items of dvc.yaml's stages with the code each runs (stages/dag.py; with `run.redraw_data`,
+  one dataset instance per seed of each generated dataset: stages/core/replicates.py). It first validates
   the whole composed config (`stages.core.config.check_composed`, every section against its
   schema): DVC's `compose_and_dump` resolves the config before it writes params.yaml, so a
   bad override (`dvc exp run -S method.erm.lr=abc`) stops `dvc exp run` there, with

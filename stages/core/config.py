@@ -22,6 +22,7 @@ writes params.yaml atomically (a temp file renamed over it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from stages.core import registry
+from stages.core import registry, replicates
 from stages.core.schema import LOCAL_FILES, ConfigError, check
 from stages.core.settings import (
     DistillConfig,
@@ -132,8 +133,63 @@ def dataset_section(params: DictConfig, key: str) -> Any:
 
 
 def dataset_config(params: DictConfig, name: str) -> Any:
-    """The validated config of dataset `name` (schema chosen by its `kind`)."""
-    return dataset_section(params, f"dataset.{name}")
+    """The validated config of dataset `name` (schema chosen by its `kind`); for a replicate
+    instance `<dataset>_seed<k>` (`run.redraw_data`), `dataset.<dataset>` with its seed replaced
+    by the instance's (stages/core/replicates.py `data_seed`)."""
+    base, replicate = dataset_source(params, name)
+    cfg = dataset_section(params, f"dataset.{base}")
+    if replicate is None:
+        return cfg
+    return dataclasses.replace(cfg, seed=replicates.data_seed(cfg.seed, replicate))
+
+
+def dataset_source(params: DictConfig, name: str) -> tuple[str, int | None]:
+    """(section, replicate seed) of dataset `name`: (name, None) for a dataset under `dataset`,
+    (dataset, k) for an instance `<dataset>_seed<k>` of a generated dataset with a `seed` key.
+
+    The instance is read from its name alone (not from run.seeds), so prepare and validate
+    depend on `dataset.<dataset>` only and a hand-run `python -m stages.prepare <instance>` works
+    for any k. A name that is neither falls through to the usual "no section" error."""
+    if OmegaConf.select(params, f"dataset.{name}") is not None:
+        return name, None
+    parsed = replicates.parse(name)
+    if parsed is not None and _redrawable(params, parsed[0]):
+        return parsed
+    return name, None
+
+
+def _generated(params: DictConfig, name: str) -> bool:
+    """Whether dataset `name`'s kind is generated (registered `generate=`); the kind is checked
+    (ConfigError naming the known ones)."""
+    return registry.dataset(_kind(params, f"dataset.{name}", "dataset")).generate is not None
+
+
+def _redrawable(params: DictConfig, name: str) -> bool:
+    node = OmegaConf.select(params, f"dataset.{name}")
+    kind = node.get("kind") if isinstance(node, DictConfig) else None
+    spec = registry.find_dataset(kind) if isinstance(kind, str) else None
+    return spec is not None and spec.generate is not None and "seed" in {f.name for f in dataclasses.fields(spec.schema)}
+
+
+def instances(params: DictConfig, run: RunConfig | None = None) -> dict[str, replicates.DataInstance]:
+    """The datasets the run prepares, with the seeds that train and evaluate on each: one per
+    dataset of run.datasets, or with run.redraw_data one instance per seed of each generated one
+    (stages/core/replicates.py). Every stage that enumerates the run's datasets reads this (DVC's
+    through params.yaml's `dag` section, which stages/dag.py derives the same way).
+
+    ConfigError when a generated kind to redraw has no `seed` key or an instance's name is taken."""
+    run = run if run is not None else section(params, "run", RunConfig)
+    node = OmegaConf.select(params, "dataset")
+    names = [str(k) for k in node] if isinstance(node, DictConfig) else []
+    if run.redraw_data:
+        for name in run.datasets:
+            if _generated(params, name) and not _redrawable(params, name):
+                kind = OmegaConf.select(params, f"dataset.{name}.kind")
+                raise ConfigError(
+                    f"params.yaml: run.redraw_data: dataset.{name} (kind {kind}) is generated but its schema has no "
+                    f"`seed` key to redraw it with; set run.redraw_data=false or give the kind a seed"
+                )
+    return replicates.plan(run.datasets, run.seeds, run.redraw_data, lambda d: _generated(params, d), names)
 
 
 def method_section(params: DictConfig, key: str) -> Any:
@@ -194,6 +250,7 @@ def check_all(params: DictConfig) -> RunConfig:
     """Validate every section `dvc repro` will read; raises on the first section with errors."""
     run = section(params, "run", RunConfig)
     datasets = {name: dataset_config(params, name) for name in run.datasets}
+    instances(params, run)  # a replicate instance's name free, its kind redrawable
     for name in run.methods:
         cfg = method_config(params, name)
         # The train matrix runs every method on every dataset: a text method needs text everywhere.
@@ -254,18 +311,20 @@ def model_names(params: DictConfig) -> list[str]:
 
 
 def check_er_reference(params: DictConfig, cfg: EvaluateConfig) -> None:
-    """ConfigError unless every `evaluate.er_reference` entry is a model name (`model_names`).
+    """ConfigError unless every `evaluate.er_reference` and `evaluate.evidence_reference` entry
+    is a model name (`model_names`).
 
     A name that is a model but not in this run is fine: the report says it is absent.
     """
     known = model_names(params)
-    bad = [m for m in cfg.er_reference if m not in known]
-    if bad:
-        raise ConfigError(
-            f"params.yaml: evaluate.er_reference: {', '.join(repr(m) for m in bad)} "
-            f"{'is not a model name' if len(bad) == 1 else 'are not model names'} "
-            f"(a method under `method`: {', '.join(known[: len(known) // 2])}; or <method>{student_name('')})"
-        )
+    for key in ("er_reference", "evidence_reference"):  # the report's two reference families
+        bad = [m for m in getattr(cfg, key) if m not in known]
+        if bad:
+            raise ConfigError(
+                f"params.yaml: evaluate.{key}: {', '.join(repr(m) for m in bad)} "
+                f"{'is not a model name' if len(bad) == 1 else 'are not model names'} "
+                f"(a method under `method`: {', '.join(known[: len(known) // 2])}; or <method>{student_name('')})"
+            )
 
 
 def check_upstream(method: str, cfg: Any, methods: list[str]) -> None:
@@ -427,7 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             resolve(section(params, "runtime", RuntimeConfig))
         if args.command == "show":
             print(OmegaConf.to_yaml(params))
-        print(f"config: {args.params} is valid ({len(run.datasets)} datasets × {len(run.models)} models × {len(run.seeds)} seeds)")
+        prepared = instances(params, run)
+        redrawn = f" ({len(prepared)} prepared: each generated one redrawn per seed)" if len(prepared) != len(run.datasets) else ""
+        print(f"config: {args.params} is valid ({len(run.datasets)} datasets{redrawn} × {len(run.models)} models × {len(run.seeds)} seeds)")
         return 0
     except (ConfigError, ArtifactError) as e:
         print(f"config: error: {e}", file=sys.stderr)

@@ -67,8 +67,11 @@ class Runtime:
         """What config.json records: the device (and its name), precision, threads, determinism, reading."""
         import torch
 
+        from stages.core.numerics import code_path
+
         out: dict[str, Any] = {"device": self.device, "precision": self.precision, "threads": self.threads,
-                               "deterministic": self.deterministic, "stream": self.stream, "torch": torch.__version__}
+                               "deterministic": self.deterministic, "stream": self.stream, "torch": torch.__version__,
+                               "cpu_code_path": code_path()}
         if self.device.startswith("cuda"):
             out["device_name"] = torch.cuda.get_device_name(torch.device(self.device))
         return out

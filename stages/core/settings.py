@@ -117,6 +117,10 @@ class EvaluateConfig:
         "effective robustness: models whose (model, seed) points fit the logit-linear ID→OOD baseline "
         "(standard training, no robustness intervention; the report reads it)"
     )
+    evidence_reference: list[str] = option(
+        "the discriminative reference family of the report's evidence: generative − these models' mean, "
+        "in OOD worst-group accuracy and ID→OOD drop, over replicates (those in the run; the report reads it)"
+    )
 
     def check(self, c: Checks) -> None:
         c.require(self.ece_bins >= 1, "ece_bins", f"must be >= 1, got {self.ece_bins}")
@@ -128,8 +132,10 @@ class EvaluateConfig:
             "shift_regenerate_n",
             f"must be 0 or >= 8, got {self.shift_regenerate_n}",
         )
-        c.require(len(set(self.er_reference)) == len(self.er_reference), "er_reference", f"has duplicates: {self.er_reference}")
-        c.require(all(m for m in self.er_reference), "er_reference", f"names must not be empty: {self.er_reference}")
+        for key in ("er_reference", "evidence_reference"):
+            names = getattr(self, key)
+            c.require(len(set(names)) == len(names), key, f"has duplicates: {names}")
+            c.require(all(m for m in names), key, f"names must not be empty: {names}")
 
 
 PHASE_KNOBS = ("sigma", "spurious_scale", "rho_train", "d_noise", "noise_std", "cue_dims", "n_train")
@@ -188,6 +194,11 @@ class RunConfig:
     teachers: list[str] = option("methods distilled into a student named <teacher>_student")
     models: list[str] = option("models to evaluate: methods and <teacher>_student names")
     seeds: list[int] = option("training seeds")
+    redraw_data: bool = option(
+        "replicates redraw the data too: each generated dataset gets one instance per seed, "
+        "<dataset>_seed<k>, and seed k trains and evaluates on instance k only (stages/core/replicates.py); "
+        "real datasets keep their fixed splits"
+    )
 
     def check(self, c: Checks) -> None:
         for key in ("datasets", "methods", "models", "seeds"):

@@ -269,9 +269,12 @@ class StreamSplit:
         if have:
             yield torch.from_numpy(np.concatenate(pending) if len(pending) > 1 else pending[0])
 
-    def epoch(self, batch_size: int, generator: torch.Generator, shuffle_buffer: int, workers: int = 1) -> Iterator[dict[str, torch.Tensor]]:
+    def epoch(
+        self, batch_size: int, generator: torch.Generator, shuffle_buffer: int, workers: int = 1, counts: np.ndarray | None = None
+    ) -> Iterator[dict[str, torch.Tensor]]:
         """One pass in a seeded shuffled order: batches of x (stored dtype), y, g, the extras and
-        `index` (positions in the split)."""
+        `index` (positions in the split). With `counts` (per position, e.g. the rows a sampler drew
+        this epoch, with repeats), position p appears counts[p] times, shuffled the same way."""
         groups = self._groups()
         order = torch.randperm(len(groups), generator=generator).tolist()
         window_x: list[np.ndarray] = []
@@ -295,6 +298,8 @@ class StreamSplit:
 
         have = 0
         for positions, x in self._read([groups[i] for i in order], workers):
+            if counts is not None:
+                positions, x = np.repeat(positions, counts[positions]), np.repeat(x, counts[positions], axis=0)
             window_x.append(x)
             window_p.append(positions)
             have += len(positions)

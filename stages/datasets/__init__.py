@@ -76,15 +76,33 @@ def assign_splits(y: np.ndarray, cfg: Any, rng: np.random.Generator) -> np.ndarr
     return split
 
 
-def assign_attributes(y: np.ndarray, split: np.ndarray, cfg: Any, rng: np.random.Generator) -> np.ndarray:
+def assign_attributes(
+    y: np.ndarray,
+    split: np.ndarray,
+    cfg: Any,
+    rng: np.random.Generator,
+    rounds: np.ndarray | None = None,
+    copies_rng: np.random.Generator | None = None,
+) -> np.ndarray:
     """Binary attribute per example with exact counts: in each split and class, `agreement_counts`
     at `cfg.rho_ood` (test_ood) or `cfg.rho_train` (elsewhere) decides how many examples agree,
-    and a seeded permutation decides which."""
+    and a seeded permutation decides which.
+
+    `rounds` (the copy number of each row, when a source example appears several times)
+    permutes each round on its own and puts them one after the other, so the agreeing examples
+    (the first) and the disagreeing ones (the last) come from as many distinct sources as the
+    round holds: a small group gets distinct examples, not repeats. Round 0 is permuted by
+    `rng` exactly as without copies, rounds 1.. by `copies_rng`, so `rng` ends where it would
+    without them (what it draws next, e.g. the uncopied rows' noise, is unchanged)."""
     agree = np.zeros(len(y), dtype=bool)
+    rounds = np.zeros(len(y), dtype=np.int64) if rounds is None else np.asarray(rounds)
     for name in SPLITS:
         rho = cfg.rho_ood if name == "test_ood" else cfg.rho_train
         for c in (0, 1):
-            idx = rng.permutation(np.flatnonzero((split == name) & (y == c)))
+            rows = (split == name) & (y == c)
+            last = int(rounds[rows].max(initial=0))
+            idx = np.concatenate([(rng if r == 0 else copies_rng).permutation(np.flatnonzero(rows & (rounds == r)))  # type: ignore[union-attr]
+                                  for r in range(last + 1)])
             n_agree, _ = agreement_counts(len(idx), rho)
             agree[idx[:n_agree]] = True
     return attribute_from_agreement(y, agree)

@@ -18,6 +18,20 @@ row-major order, the others get the midpoint level; 0 = the form's own footprint
 
 Images are 3×8×8 (CHW), values clipped to [0, 1], flattened into x. An image's id is its
 index in `load_digits()` order. See docs/datasets.md.
+
+Test splits that can carry a verdict (`test_repeats`). scikit-learn ships 1,797 digits, so a
+test split of a few hundred images leaves its smallest (class, attribute) group a handful
+of images (9 in test_ood at the defaults), and two images decide a worst-group accuracy. With
+`test_repeats` R > 1 every test_id and test_ood image appears R times, each copy with its own
+attribute draw and its own cue noise (and pixel noise), the way a fresh photograph of the
+same digit in another colour would; train and val are untouched. A copy's id is
+r·1797 + the image's index (r = 0..R−1; image = id mod 1797). Within each test split and class
+the attribute is assigned round by round (stages.datasets.assign_attributes' `rounds`), so a
+group no larger than the class's images holds distinct images: at the defaults (R = 1) the
+data are exactly those above. The digit itself is not redrawn: copies of one image share
+their strokes, so a group's accuracy has the strokes of at most that many distinct images
+behind it (its minority groups, the ones that decide worst-group accuracy, are distinct
+images up to the class's test images: 134-180 per class at the default fractions).
 """
 
 from __future__ import annotations
@@ -49,6 +63,10 @@ class ColoredDigitsConfig:
         "of the 64 pixels in row-major order (the rest get the midpoint level); 0 = the form's own (marker 1, others 64)"
     )
     pixel_noise: float = option("std of independent N(0, ·) noise added to every value of every image (0 = none)")
+    test_repeats: int = option(
+        "copies of every test_id and test_ood image, each with its own attribute and cue-noise draw "
+        "(1 = each image once; the module docstring says why and what copies share)"
+    )
     val_frac: float = option("fraction of images in val")
     test_id_frac: float = option("fraction of images in test_id")
     test_ood_frac: float = option("fraction of images in test_ood")
@@ -60,6 +78,7 @@ class ColoredDigitsConfig:
         c.non_negative(self.spurious_noise, "spurious_noise")
         c.non_negative(self.cue_gap, "cue_gap")
         c.non_negative(self.pixel_noise, "pixel_noise")
+        c.require(self.test_repeats >= 1, "test_repeats", f"must be >= 1, got {self.test_repeats}")
         most = MAX_MARKER_PIXELS if self.spurious == "marker" else PIXELS
         c.require(0 <= self.cue_pixels <= most, "cue_pixels", f"must be in 0..{most} for spurious={self.spurious}, got {self.cue_pixels}")
         for k in ("val_frac", "test_id_frac", "test_ood_frac"):
@@ -160,27 +179,46 @@ def render(
     return np.clip(out, 0.0, 1.0)
 
 
+TEST_SPLITS = ("test_id", "test_ood")
+
+
+def test_copies(split: np.ndarray, repeats: int) -> tuple[np.ndarray, np.ndarray]:
+    """(image index, round) of every row in id order: each image in round 0, then rounds
+    1..repeats−1 of the test_id and test_ood images."""
+    test = np.flatnonzero(np.isin(split, TEST_SPLITS))
+    source = np.concatenate([np.arange(len(split)), *([test] * (repeats - 1))])
+    rounds = np.concatenate([np.zeros(len(split), np.int64), *(np.full(len(test), r, np.int64) for r in range(1, repeats))])
+    return source, rounds
+
+
 def generate(cfg: ColoredDigitsConfig) -> Generated:
     """All four splits, rows ordered by split (train, val, test_id, test_ood) then id.
 
     One stream `default_rng(seed)` draws, in order: the split permutation, the attribute
     permutation, then the cue noise for every image in id order (and, when pixel_noise > 0,
-    the per-value noise after it).
+    the per-value noise after it). The test copies of test_repeats > 1 (rounds 1..) draw their
+    attribute permutations and noise from a second stream, `default_rng([seed, 1])`, so train
+    and val are the same bytes whatever test_repeats is.
     """
     images, digits = load_images()
     y = (digits < 5).astype(np.int64)
     rng = np.random.default_rng(cfg.seed)
+    copies_rng = np.random.default_rng([cfg.seed, 1])
     split = assign_splits(y, cfg, rng)
-    a = assign_attributes(y, split, cfg, rng)
-    x = (
-        render(images, a, cfg.spurious, cfg.spurious_noise, rng, cfg.cue_gap, cfg.cue_pixels, cfg.pixel_noise)
-        .reshape(len(y), -1)
-        .astype(np.float32)
-    )
+    # rows in id order: every image once (round 0), then each further round's test images
+    source, rounds = test_copies(split, cfg.test_repeats)
+    ids = rounds * len(images) + source
+    images, y, split = images[source], y[source], split[source]
+    a = assign_attributes(y, split, cfg, rng, rounds, copies_rng)
+    x = np.empty((len(y), int(np.prod(SHAPE))), dtype=np.float32)
+    for rows, stream in ((rounds == 0, rng), (rounds > 0, copies_rng)):
+        x[rows] = render(
+            images[rows], a[rows], cfg.spurious, cfg.spurious_noise, stream, cfg.cue_gap, cfg.cue_pixels, cfg.pixel_noise
+        ).reshape(int(rows.sum()), x.shape[1])
     rank = {name: i for i, name in enumerate(SPLITS)}
-    order = np.lexsort((np.arange(len(y)), np.array([rank[s] for s in split])))
+    order = np.lexsort((ids, np.array([rank[s] for s in split])))
     columns = {
-        "id": order.astype(np.int64),
+        "id": ids[order].astype(np.int64),
         "split": split[order],
         "y": y[order],
         "a": a[order],

@@ -10,7 +10,8 @@ With y± = 2y − 1 ∈ {−1, +1}, a± = 2a − 1 and k = cue_dims:
 a agrees with y (a == y) with probability rho_train in train/val/test_id and rho_ood in
 test_ood. Because every group is a Gaussian with known mean and covariance, the population
 answer of any Gaussian classifier is closed-form (`population_groups`, `population_lda`), and
-so is the regime (`separation`): cue 2·spurious_scale·sqrt(k)/spurious_noise, core 2/sigma.
+so is the regime (`separation`): cue 2·spurious_scale·sqrt(k)/spurious_noise, core 2/sigma, and
+the population LDA's and logistic regression's worst-group accuracies.
 """
 
 from __future__ import annotations
@@ -100,17 +101,29 @@ def noise_std(cfg: GaussianShortcutConfig) -> float:
     return cfg.noise_std
 
 
-def separation(cfg: GaussianShortcutConfig) -> dict[str, float]:
+def separation(cfg: GaussianShortcutConfig) -> dict[str, float | None]:
     """The regime in closed form (stages/evaluation/regime.py): Mahalanobis distance between the means of
-    groups differing only in a (cue) or only in y (core), under the shared diagonal covariance.
+    groups differing only in a (cue) or only in y (core), under the shared diagonal covariance,
+    and the worst-group accuracies of the population LDA and logistic regression on the four
+    groups at rho_train (stages/evaluation/population.py).
 
     The cue's means differ by 2·spurious_scale in each of cue_dims independent dimensions of std
     spurious_noise; the core's by 2 in one dimension of std sigma; noise dimensions have equal
-    means and add nothing. spurious_noise 0 makes an exact cue: inf (0 when spurious_scale is 0).
+    means and add nothing. spurious_noise 0 makes an exact cue: inf (0 when spurious_scale is 0),
+    and no population rules (the groups are no Gaussians of one covariance); nor with
+    rho_train 0 or 1 (two groups are empty).
     """
     gap = 2.0 * cfg.spurious_scale * float(np.sqrt(cfg.cue_dims))
     exact = float("inf") if gap > 0 else 0.0
-    return closed_form(gap / cfg.spurious_noise if cfg.spurious_noise > 0 else exact, 2.0 / cfg.sigma)
+    cue = gap / cfg.spurious_noise if cfg.spurious_noise > 0 else exact
+    groups = population_groups(cfg)
+    rho = max(cfg.rho_train, 1.0 - cfg.rho_train)
+    if cfg.spurious_noise == 0 or cfg.rho_train in (0.0, 1.0):  # a cue of variance 0 / an empty group
+        return closed_form(cue, 2.0 / cfg.sigma, rho)
+    means = np.stack([g.mean[: 1 + cfg.cue_dims] for g in groups])  # noise dimensions: equal means, independent
+    cov = groups[0].cov[: 1 + cfg.cue_dims, : 1 + cfg.cue_dims]
+    d2 = np.array([[float((m - n) @ ((m - n) / np.diag(cov))) for n in means] for m in means])
+    return closed_form(cue, 2.0 / cfg.sigma, rho, d2, np.array([g.y for g in groups]), np.array([g.prob for g in groups]))
 
 
 def split_rho(cfg: GaussianShortcutConfig, split: str) -> float:

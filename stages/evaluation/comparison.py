@@ -42,9 +42,11 @@ from stages.evaluation.metrics import (
     paired_bootstrap,
     reliability,
     robustness_baseline,
+    robustness_bootstrap,
     softmax,
+    worst_group_exact,
 )
-from stages.evaluation.regime import describe, expected_use, parse_separation
+from stages.evaluation.regime import describe, parse_separation
 from stages.evaluation.shift import REGENERATE_ROUTE, reweighted_curve, shift_axis
 
 METRIC_KEYS = ("acc", "worst_group_acc", "avg_acc_weighted", "balanced_acc", "ece", "nll", "brier")
@@ -219,6 +221,8 @@ class ModelSummary:
     wga: list[float]
     ece: list[float]
     wga_ci: list[float] | None = None
+    # Exact (Clopper–Pearson, simultaneous over groups and seeds) interval of the worst-group accuracy.
+    wga_exact: list[float] | None = None
     ood_acc_ci: list[float] | None = None
     shift_rows: list[dict[str, Any]] = field(default_factory=list)
     shift: dict[str, Any] = field(default_factory=dict)
@@ -227,6 +231,9 @@ class ModelSummary:
     # Per seed: OOD acc minus the reference baseline at its ID acc; the mean (None: n/a).
     effective_robustness_seeds: list[float] = field(default_factory=list)
     effective_robustness: float | None = None
+    effective_robustness_ci: list[float] | None = None
+    # Some seed's ID accuracy lies outside the reference points' range: the line is extrapolated.
+    extrapolated: bool | None = None
     vs_best: dict[str, Any] | None = None
     groups: dict[str, float | None] = field(default_factory=dict)
     reliability: list[dict[str, Any]] = field(default_factory=list)
@@ -264,6 +271,7 @@ def summarise_model(
         accs = [r["splits"]["test_ood"]["groups"].get(gid, {}).get("acc") for r in runs]
         accs = [a for a in accs if a is not None]
         ms.groups[gid] = statistics.fmean(accs) if accs else None
+    ms.wga_exact = exact_worst_group(runs, group_ids)
     if not data:
         return ms
     ood = data[0].split == "test_ood"
@@ -298,6 +306,25 @@ def summarise_model(
     return ms
 
 
+def exact_worst_group(runs: list[dict[str, Any]], group_ids: list[str]) -> list[float] | None:
+    """`metrics.worst_group_exact` of the seeds' test_ood group counts (hits = acc · n, exact
+    for the stored 8 significant digits); None when the files hold no group counts."""
+    groups = [r["splits"]["test_ood"].get("groups") or {} for r in runs]
+    n = [int((groups[0].get(g) or {}).get("n") or 0) for g in group_ids]
+    if not any(n) or any(int((gs.get(g) or {}).get("n") or 0) != k for gs in groups for g, k in zip(group_ids, n, strict=True)):
+        return None
+    hits = [[round(float(gs[g]["acc"]) * k) if k else 0 for g, k in zip(group_ids, n, strict=True)] for gs in groups]
+    return worst_group_exact(np.asarray(hits), np.asarray(n))
+
+
+def smallest_groups(runs: list[dict[str, Any]]) -> dict[str, int]:
+    """Per test split, its smallest group's size (groups with examples; the least over the runs)."""
+    return {
+        split: min(int(g["n"]) for m in runs for g in m["splits"][split]["groups"].values() if int(g["n"]) > 0)
+        for split in ("test_id", "test_ood")
+    }
+
+
 def dataset_summaries(
     dataset: str, runs: list[dict[str, Any]], data: dict[tuple[str, str, int], RunData] | None, boot: EvaluateConfig
 ) -> tuple[list[ModelSummary], dict[str, Any]]:
@@ -312,14 +339,20 @@ def dataset_summaries(
     # The line is a least-squares solve (BLAS: its last bits depend on the CPU); see at_written_precision.
     er = replace(er, baseline=replace(er.baseline, fit=fixed_precision(er.baseline.fit)))
     if er.baseline.fit is not None:
+        lo, hi = er.id_range
         for s in summaries:
             s.effective_robustness_seeds = [
                 float(er.baseline.effective_robustness(i, o)) for i, o in zip(s.id_acc, s.ood_acc, strict=True)
             ]
             s.effective_robustness = statistics.fmean(s.effective_robustness_seeds)
+            s.extrapolated = any(i < lo or i > hi for i in s.id_acc)
+        er.extrapolated = [s.model for s in summaries if s.extrapolated]
+        if data is not None and boot.bootstrap_resamples > 0:
+            er.resamples_left_out = effective_robustness_intervals(dataset, summaries, data, boot)
+            er.resamples = boot.bootstrap_resamples
     # max() keeps the first of equal values, so ties go to the earlier model in the table.
     best = max(summaries, key=lambda s: s.mean("wga"))
-    extra: dict[str, Any] = {"best": best.model, "er": er}
+    extra: dict[str, Any] = {"best": best.model, "er": er, "tied": [], "smallest_group": smallest_groups(runs)}
     if data is not None and boot.bootstrap_resamples > 0:
         first = data[(dataset, runs[0]["model"], int(runs[0]["seed"]))]
         ood = first.split == "test_ood"
@@ -336,7 +369,37 @@ def dataset_summaries(
                 correct(s.model), correct(best.model), g, n_groups, boot.bootstrap_resamples,
                 [boot.bootstrap_seed, REPORT_STREAM + 50 + j],
             )["worst_group_acc"]
+        out = [at_written_precision(s) for s in summaries]
+        # Ties are ties: the models whose difference to the best its interval does not tell from 0.
+        extra["tied"] = [s.model for s in out if s.vs_best is not None and not s.vs_best["significant"]]
+        return out, extra
     return [at_written_precision(s) for s in summaries], extra
+
+
+# Bootstrap stream of the effective-robustness intervals: [bootstrap_seed, ER_STREAM, ...].
+ER_STREAM = 400
+
+
+def effective_robustness_intervals(
+    dataset: str, summaries: list[ModelSummary], data: dict[tuple[str, str, int], RunData], boot: EvaluateConfig
+) -> int:
+    """Fill each summary's `effective_robustness_ci` (`metrics.robustness_bootstrap`: reference
+    points and test examples resampled, stream [bootstrap_seed, ER_STREAM]); returns how many
+    resamples had no line."""
+    keys = [(s.model, seed) for s in summaries for seed in s.seed_ids]
+    first = data[(dataset, keys[0][0], keys[0][1])]
+    id_rows, ood_rows = first.split == "test_id", first.split == "test_ood"
+    id_correct = np.stack([data[(dataset, m, k)].correct[id_rows] for m, k in keys])
+    ood_correct = np.stack([data[(dataset, m, k)].correct[ood_rows] for m, k in keys])
+    rows = {s.model: [i for i, (m, _) in enumerate(keys) if m == s.model] for s in summaries}
+    reference = [i for i, (m, _) in enumerate(keys) if m in set(boot.er_reference)]
+    intervals, left_out = robustness_bootstrap(
+        id_correct, ood_correct, first.g[id_rows], first.g[ood_rows], reference, [rows[s.model] for s in summaries],
+        boot.bootstrap_resamples, [boot.bootstrap_seed, ER_STREAM],
+    )
+    for s, ci in zip(summaries, intervals, strict=True):
+        s.effective_robustness_ci = ci
+    return left_out
 
 
 def at_written_precision(s: ModelSummary) -> ModelSummary:
@@ -356,8 +419,9 @@ def regime_note(
 ) -> tuple[str, dict[str, Any]]:
     """The dataset's regime (prepared metadata `separation`), what it predicts, and what this run
     observed: the ID→OOD accuracy drop of the generative models against the discriminative
-    reference family (`evaluate.er_reference`, as for effective robustness). Returns the
-    markdown line and its numbers for summary.json."""
+    reference family (`evaluate.evidence_reference`, as in the evidence). No verdict: whether the
+    difference is more than noise is the evidence's call (stages/evaluation/evidence.py), made over
+    replicates with an interval. Returns the markdown line and its numbers for summary.json."""
     numbers: dict[str, Any] = {}
     if separation is None:
         head = ("**Regime**: not recorded (the prepared file predates `separation`; "
@@ -366,7 +430,7 @@ def regime_note(
         numbers.update({"separation_cue": separation.get("cue"), "separation_core": separation.get("core")})
         head = f"**Regime** ({'closed form' if source == 'closed_form' else 'estimated on train'}): {describe(separation)}."
     generative = [s for s in summaries if model_type(s.info) == "generative"]
-    ref = [s for s in summaries if s.model in reference]
+    ref = [s for s in summaries if s.model in reference and model_type(s.info) != "generative"]
     if not generative or not ref:
         missing = "generative model" if not generative else "model of the reference family"
         return f"{head} **Observed**: n/a (this run has no {missing}).", numbers
@@ -376,17 +440,22 @@ def regime_note(
     def listing(group: list[ModelSummary]) -> str:
         return ", ".join(f"{s.model} {id_ood_drop(s):.3f}" for s in group)
 
-    observed = "more" if gen > disc else "less" if gen < disc else "as much"
-    verdict = ""
-    expected = expected_use(separation)
-    if expected in ("more", "less") and observed != "as much":
-        verdict = " — as predicted." if expected == observed else " — contrary to the prediction."
     text = (
         f"{head} **Observed** (ID→OOD accuracy drop, seed mean): generative {gen:.3f} ({listing(generative)}) "
-        f"vs discriminative reference {disc:.3f} ({listing(ref)}): the generative classifiers lost {observed}"
-        f"{verdict or '.'}"
+        f"vs discriminative reference {disc:.3f} ({listing(ref)}), a difference of {gen - disc:+.3f}; "
+        "whether it is more than noise is the evidence's call (over replicates, with its interval)."
     )
     return text, numbers
+
+
+def replicate_base(dataset: str) -> str:
+    """The dataset `dataset` is a replicate of (prepared metadata `replicate_of`, written for a
+    dataset redrawn per seed), else `dataset` itself."""
+    path = prepared_path(dataset)
+    base = read_metadata(path).get("replicate_of", dataset)
+    if not isinstance(base, str) or not base:
+        raise ArtifactError(f"{path}: file metadata 'replicate_of' must be a dataset name, got {base!r}")
+    return base
 
 
 @dataclass
@@ -396,6 +465,10 @@ class ERReference:
     reference: list[str]  # evaluate.er_reference, in its order
     present: list[str]  # of those, the models in this run
     baseline: RobustnessBaseline
+    id_range: tuple[float, float] = (math.nan, math.nan)  # lowest and highest ID acc of the reference points
+    extrapolated: list[str] = field(default_factory=list)  # models with a seed outside id_range
+    resamples: int = 0  # of the intervals' bootstrap (0: no intervals)
+    resamples_left_out: int = 0  # of those, drawn points with one ID accuracy (no line)
 
     @property
     def absent(self) -> list[str]:
@@ -418,6 +491,19 @@ class ERReference:
             if fit is not None
             else f"{head}. **n/a** here: {self.baseline.reason}."
         )
+        if fit is not None:
+            if self.resamples:
+                text += (" [brackets]: 95% bootstrap interval, the reference points and the test examples resampled and "
+                         "the line refitted each time; a value is shown to the decimals its interval supports.")
+                if self.resamples_left_out:
+                    text += (f" {self.resamples_left_out} of {self.resamples} resamples drew reference points with one "
+                             "ID accuracy (no line) and were left out.")
+            else:
+                text += " No interval (no predictions, or `evaluate.bootstrap_resamples` is 0): one decimal only."
+            if self.extrapolated:
+                text += (f" **Extrapolated** (a seed's ID acc outside the reference points' "
+                         f"{self.id_range[0]:.3f}–{self.id_range[1]:.3f}, where the line was never fitted): "
+                         f"{', '.join(self.extrapolated)}.")
         if self.absent:
             text += f" Not in this run: {', '.join(self.absent)}."
         return text
@@ -430,7 +516,7 @@ def effective_robustness_reference(summaries: list[ModelSummary], reference: Seq
     chosen = [s for s in summaries if s.model in ref]
     ids = [v for s in chosen for v in s.id_acc]
     oods = [v for s in chosen for v in s.ood_acc]
-    return ERReference(ref, present, robustness_baseline(ids, oods))
+    return ERReference(ref, present, robustness_baseline(ids, oods), (min(ids), max(ids)) if ids else (math.nan, math.nan))
 
 
 def distill_pairs(summaries: list[ModelSummary]) -> list[tuple[ModelSummary, ModelSummary]]:

@@ -144,10 +144,11 @@ def split_metrics(
         bootstrap_resamples, bootstrap_seed: with resamples > 0, also 95% percentile
             bootstrap intervals `acc_ci` and `worst_group_acc_ci` (see `bootstrap_ci`).
 
-    Returns a dict with n, acc, worst_group_acc, avg_acc_weighted, balanced_acc, ece, nll,
-    brier, confusion (K × K, rows true, columns predicted), groups {str(g): {n, acc, pred}}
-    (pred: counts of each predicted class in the group), reliability (per-bin list) and,
-    with the bootstrap, acc_ci and worst_group_acc_ci.
+    Returns a dict with n, acc, worst_group_acc, worst_group_acc_exact (`worst_group_exact`),
+    avg_acc_weighted, balanced_acc, ece, nll, brier, confusion (K × K, rows true, columns
+    predicted), groups {str(g): {n, acc, ci, pred}} (ci: the group's exact 95% interval,
+    `clopper_pearson`; pred: counts of each predicted class in the group), reliability
+    (per-bin list) and, with the bootstrap, acc_ci and worst_group_acc_ci.
     """
     logits = np.asarray(logits)
     y = np.asarray(y, dtype=np.int64)
@@ -172,12 +173,14 @@ def split_metrics(
 
     group_n, group_acc = group_accuracies(correct, g, n_groups)
     present = group_n > 0
+    group_hits = np.bincount(g, weights=correct.astype(np.float64), minlength=n_groups).round().astype(np.int64)
     bins = reliability(confidence, correct, ece_bins)
     pred_counts = group_prediction_counts(pred, g, n_groups, k)
     out: dict[str, Any] = {
         "n": int(n),
         "acc": float(correct.mean()),
         "worst_group_acc": float(group_acc[present].min()),
+        "worst_group_acc_exact": worst_group_exact(group_hits[None], group_n),
         "avg_acc_weighted": weighted_group_accuracy(group_acc, group_n, weights),
         "balanced_acc": balanced_accuracy(correct, y, k),
         "ece": expected_calibration_error(bins),
@@ -188,6 +191,7 @@ def split_metrics(
             str(i): {
                 "n": int(group_n[i]),
                 "acc": float(group_acc[i]) if present[i] else None,
+                "ci": clopper_pearson(int(group_hits[i]), int(group_n[i])) if present[i] else None,
                 "pred": pred_counts[i].tolist(),
             }
             for i in range(n_groups)
@@ -393,6 +397,50 @@ def paired_bootstrap(
     return out
 
 
+# ---- exact intervals for a group's accuracy ------------------------------------------------
+
+
+def clopper_pearson(hits: int, n: int, level: float = 0.95) -> list[float]:
+    """The exact (Clopper–Pearson) interval [lo, hi] of a binomial proportion with `hits` of `n`.
+
+    lo is the p at which P(X ≥ hits) = (1 − level)/2 and hi the p at which P(X ≤ hits) =
+    (1 − level)/2, X ~ Binomial(n, p): the Beta quantiles lo = B⁻¹((1 − level)/2; hits,
+    n − hits + 1), hi = B⁻¹((1 + level)/2; hits + 1, n − hits), with lo = 0 at hits = 0 and
+    hi = 1 at hits = n. Unlike a bootstrap, it never collapses to a point: 0 of 9 correct
+    gives [0, 0.336], not [0, 0]. Its coverage is at least `level` for every p.
+    """
+    from scipy.special import betaincinv  # the regularised incomplete Beta's inverse
+
+    if n < 1 or not 0 <= hits <= n:
+        raise ValueError(f"need 0 <= hits <= n and n >= 1, got {hits} of {n}")
+    tail = (1.0 - level) / 2.0
+    lo = 0.0 if hits == 0 else float(betaincinv(hits, n - hits + 1, tail))
+    hi = 1.0 if hits == n else float(betaincinv(hits + 1, n - hits, 1.0 - tail))
+    return [lo, hi]
+
+
+def worst_group_exact(hits: np.ndarray, n: np.ndarray, level: float = 0.95) -> list[float]:
+    """An exact interval for the (seed-mean) worst-group accuracy, simultaneous over groups.
+
+    `hits`: (S, G) correct counts of S seeds of one model on the same examples; `n`: (G,)
+    group sizes (groups with n = 0 are left out). Each of the S·P (P present groups)
+    accuracies gets its Clopper–Pearson interval at level 1 − (1 − level)/(S·P) (Bonferroni),
+    so with probability ≥ `level` all hold at once, and then, since the worst-group accuracy
+    is increasing in every group's accuracy, [mean_s min_g lo_sg, mean_s min_g hi_sg] holds
+    mean_s min_g p_sg — whichever group is the worst. Conservative (wider than needed), never
+    a point, and free of the bootstrap's downward bias.
+    """
+    hits = np.atleast_2d(np.asarray(hits, dtype=np.int64))
+    n = np.asarray(n, dtype=np.int64)
+    present = np.flatnonzero(n > 0)
+    if len(present) == 0:
+        raise ValueError("no group has an example")
+    each = 1.0 - (1.0 - level) / (hits.shape[0] * len(present))
+    bounds = np.array([[clopper_pearson(int(row[g]), int(n[g]), each) for g in present] for row in hits])
+    worst = bounds.min(axis=1)  # (S, 2): per seed, the lowest lo and the lowest hi
+    return [float(worst[:, 0].mean()), float(worst[:, 1].mean())]
+
+
 # ---- across seeds and across models --------------------------------------------------------
 
 
@@ -480,3 +528,61 @@ def robustness_baseline(ref_id_acc: Sequence[float], ref_ood_acc: Sequence[float
     if fit is None:
         return RobustnessBaseline(n, None, f"the {n} reference points share one ID accuracy (no line to fit)")
     return RobustnessBaseline(n, fit)
+
+
+def robustness_bootstrap(
+    id_correct: np.ndarray,
+    ood_correct: np.ndarray,
+    g_id: np.ndarray,
+    g_ood: np.ndarray,
+    reference: Sequence[int],
+    models: Sequence[Sequence[int]],
+    resamples: int,
+    seed: Sequence[int],
+    level: float = 0.95,
+) -> tuple[list[list[float] | None], int]:
+    """Percentile intervals of each model's effective robustness, resampling the reference
+    points and the test examples.
+
+    `id_correct` (P, n_id) / `ood_correct` (P, n_ood): correctness of every (model, seed) run
+    on the same test_id / test_ood examples; `reference`: the rows of the reference family's
+    runs (the baseline's points); `models`: per model, its rows. One resample: the reference
+    rows drawn with replacement (`numpy.random.default_rng([*seed, 0])`), the examples of each
+    split resampled within each group (`bootstrap_indices`, streams `[*seed, 1]` for test_id and
+    `[*seed, 2]` for test_ood, shared by every run), every run's two accuracies recomputed,
+    the logit line refitted by least squares through the drawn reference points, and each
+    model's effective robustness = the mean over its runs of OOD acc − the line at its ID acc.
+    A resample whose drawn points share one ID accuracy has no line and is left out.
+
+    Returns (per model [lo, hi] or None when every resample was left out, resamples left out).
+    """
+    ref = np.asarray(reference, dtype=np.int64)
+    if not models:
+        return [], 0
+    if len(ref) < MIN_REFERENCE_POINTS:
+        raise ValueError(f"{len(ref)} reference points, needs {MIN_REFERENCE_POINTS}")
+    draws = np.random.default_rng([*seed, 0]).integers(0, len(ref), size=(resamples, len(ref)))
+    ids = bootstrap_indices(g_id, resamples, [*seed, 1])
+    oods = bootstrap_indices(g_ood, resamples, [*seed, 2])
+    values: list[np.ndarray] = []
+    done = 0
+    for idx_id, idx_ood in zip(ids, oods, strict=True):
+        b = len(idx_id)
+        acc_id = id_correct[:, idx_id].mean(axis=2)  # (P, b)
+        acc_ood = ood_correct[:, idx_ood].mean(axis=2)
+        rows = ref[draws[done : done + b]]  # (b, k)
+        cols = np.arange(b)[:, None]
+        x, y = logit(acc_id[rows, cols]), logit(acc_ood[rows, cols])
+        xc = x - x.mean(axis=1, keepdims=True)
+        sxx = (xc * xc).sum(axis=1)
+        ok = np.ptp(x, axis=1) >= 1e-12  # as `logit_fit`: no line through one ID accuracy
+        slope = np.where(ok, (xc * (y - y.mean(axis=1, keepdims=True))).sum(axis=1) / np.where(ok, sxx, 1.0), np.nan)
+        intercept = y.mean(axis=1) - slope * x.mean(axis=1)
+        with np.errstate(invalid="ignore"):  # NaN: the resamples with no line, left out below
+            er = acc_ood - sigmoid(intercept[None, :] + slope[None, :] * logit(acc_id))  # (P, b)
+        values.append(np.stack([er[list(m)].mean(axis=0) for m in models]))
+        done += b
+    every = np.concatenate(values, axis=1)  # (models, resamples)
+    kept = ~np.isnan(every[0]) if len(models) else np.ones(resamples, dtype=bool)
+    out = [percentile_interval(v[kept], level) if kept.any() else None for v in every]
+    return out, int((~kept).sum())

@@ -5,6 +5,9 @@ A model folder (`artifacts.model_dir(dataset, model, seed)`) holds
     model.safetensors  the weights; its shiftlab metadata holds `kind` and the architecture
                        arguments to rebuild the network (standardisation is in the tensors),
                        and the folder's `provenance` (stages/core/provenance.py)
+    final.safetensors  a model trained by epochs only: the weights of its last epoch, same
+                       architecture and provenance (DFR's base model; model.safetensors holds
+                       the epoch the selection criterion chose)
     config.json        resolved method config, dataset, seed, selection criterion,
                        selected epoch and its metrics (and `teacher` for a student), and
                        the same `provenance`
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from stages.models.nets import DenoisingAutoencoder, MLPEncoder, Standardize
 
 WEIGHTS = "model.safetensors"
+FINAL_WEIGHTS = "final.safetensors"
 CONFIG = "config.json"
 HISTORY = "history.parquet"
 ENCODER = "encoder.safetensors"
@@ -127,8 +131,10 @@ def save_model(
     config: dict[str, Any],
     history: pa.Table | None,
     provenance: dict[str, Any] | None = None,
+    final: dict[str, Any] | None = None,
 ) -> Path:
-    """Write model.safetensors, config.json and (if given) history.parquet as one atomic folder.
+    """Write model.safetensors, config.json and (if given) history.parquet as one atomic folder;
+    with `final` (the state_dict of a model's last epoch), final.safetensors too.
 
     `model` is an MLPClassifier or LDAClassifier (anything with `state_dict()` and `arch()`);
     config.json gets the model's `inference_cost` added when the model defines one.
@@ -143,19 +149,22 @@ def save_model(
         config = {**config, PROVENANCE: provenance}
     with atomic_dir(model_dir) as tmp:
         save_weights(model.state_dict(), tmp / WEIGHTS, meta=model.arch(), provenance=provenance)
+        if final is not None:
+            save_weights(final, tmp / FINAL_WEIGHTS, meta=model.arch(), provenance=provenance)
         write_json(config, tmp / CONFIG)
         if history is not None:
             write_parquet(history, tmp / HISTORY, HISTORY_SCHEMA)
     return model_dir
 
 
-def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None = None) -> Classifier:
-    """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds).
+def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None = None, weights: str = WEIGHTS) -> Classifier:
+    """Rebuild the classifier stored in `model_dir` (see the module docstring for the kinds), from
+    its `weights` file (FINAL_WEIGHTS: the last epoch's).
 
     With `expect`, the folder's provenance must be what the reader asks for (stages/core/provenance.py),
     in model.safetensors and config.json alike; checked once the weights are known to be sound.
     """
-    path = Path(model_dir) / WEIGHTS
+    path = Path(model_dir) / weights
     tensors, meta = load_weights(path)
     model = _build(meta, path)
     _load_checked(model, tensors, path)

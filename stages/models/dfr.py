@@ -13,6 +13,12 @@ at their default True: no train rows in the fit, no class weights) — and is th
   i.e. everything but `fc`). Here `features` names a method of `run.methods` whose trained MLP
   classifier gives them (its encoder output, the input of its head; default the plain
   cross-entropy baseline), read from data/models/<dataset>/<features>/seed=<seed>/.
+- the base model is that method's *final* checkpoint: train_classifier.py trains ERM for
+  `num_epochs` and saves `final_checkpoint.pt`, which the README's DFR command loads; no
+  checkpoint is chosen with validation groups (DFR's tuning is their only use). `base: final`
+  reads the model folder's final.safetensors (the last epoch's weights, which every model
+  trained by epochs keeps); `base: selected` (model.safetensors, the epoch the method's own
+  `selection` chose, e.g. by val worst-group: val group labels then count twice) is the option.
 - tune (`dfr_on_validation_tune`, `num_retrains=1`): val is shuffled and cut in two, the first
   n//2 rows scored, the other half fitted; the fit half is cut to group balance (each group
   shuffled, the first min-group-size rows kept); a `StandardScaler` is fitted on that subsample;
@@ -25,13 +31,17 @@ at their default True: no train rows in the fit, no class weights) — and is th
   *whole* val, one L1 liblinear fit each with the chosen C; `coef_` and `intercept_` averaged.
 
 Deviations are options, never defaults: `features: pretrained` (the pretrain stage's DAE
-encoder and data/pretrained/<dataset>/embeddings.parquet), `penalty: l2`,
+encoder and data/pretrained/<dataset>/embeddings.parquet), `base: selected`, `penalty: l2`,
 `halving: stratified` (per-group halves, so a small group cannot fall out of one half),
 `balance: weight` (all rows, 1/group-count sample weights, one fit), `scaler: val` (reads no
 train row), `n_fits > 1` (tune scores averaged over fresh halvings, as the code's
 `num_retrains` argument does), `selection: val_avg | oracle`. Random draws come from one
 `numpy` generator seeded by the run's seed (the paper's code uses the global `np.random`), and
 liblinear gets `random_state=seed`: the fit is deterministic.
+
+On a small val split the tuning has little to go on (the built-in digits: a fit half of ~12
+balanced rows, on which L1 with C <= 0.1 zeroes every weight): `fit_dfr` then still picks as the paper's
+code does, and says so in one line (`tuning_warning`: stderr and config.json `dfr.warning`).
 
 scikit-learn >= 1.8 deprecates `penalty=`: the penalty is `l1_ratio` (1 = L1, 0 = L2) with
 `solver="liblinear"`, which fits binary problems only; with more classes each class is fitted
@@ -59,6 +69,7 @@ if TYPE_CHECKING:
     from stages.models.training import Trained, TrainJob
 
 PRETRAINED = "pretrained"  # `features` value: the pretrain stage's encoder, not a trained method
+BASES = ("final", "selected")  # `base`: the features method's last epoch, or its selected one
 L1_RATIO = {"l1": 1.0, "l2": 0.0}  # scikit-learn's l1_ratio for each penalty (penalty= is deprecated)
 
 
@@ -73,6 +84,10 @@ class DFRConfig:
         "embeddings: a method in run.methods whose trained MLP model's last hidden layer gives them "
         "(DFR paper: the base model) | pretrained (the pretrain stage's DAE encoder)"
     )
+    base: str = option(
+        "which weights of the `features` method: final (DFR paper: its last epoch, final.safetensors) | "
+        "selected (the epoch its own selection chose, model.safetensors)"
+    )
     penalty: str = option("l1 (DFR paper) | l2")
     c_grid: list[float] = option("inverse regularisation strengths C to try, in order; ties go to the first (the paper's np.argmax)")
     halving: str = option("val cut into fit/tune halves: random (DFR paper: shuffled, n//2 rows scored) | stratified (per group)")
@@ -84,6 +99,13 @@ class DFRConfig:
     scaler: str = option("StandardScaler of the refit fitted on: train (DFR paper: the train split's embeddings) | val (whole val)")
     selection: str = option("C chosen by: val_worst_group (DFR paper) | val_avg (tune half) | oracle (test_ood)")
 
+    def upstream_weights(self) -> str:
+        """The file of the `features` method's model folder this config reads (stages/train.py
+        records it among the inputs)."""
+        from stages.models import FINAL_WEIGHTS, WEIGHTS
+
+        return FINAL_WEIGHTS if self.base == "final" else WEIGHTS
+
     def reads_splits(self) -> tuple[str, ...]:
         """val; train too with scaler=train (its inputs set the standardisation); test_ood too
         under the oracle criterion."""
@@ -91,6 +113,7 @@ class DFRConfig:
 
     def check(self, c: Checks) -> None:
         c.require(bool(self.features), "features", "must name a method in run.methods, or be 'pretrained'")
+        c.choice(self.base, "base", list(BASES))
         c.choice(self.penalty, "penalty", list(L1_RATIO))
         c.require(len(self.c_grid) > 0 and all(v > 0 for v in self.c_grid), "c_grid", f"needs values > 0, got {self.c_grid}")
         c.choice(self.halving, "halving", ["random", "stratified"])
@@ -242,6 +265,27 @@ def _fit_rows(g: np.ndarray, balance: str, rng: np.random.Generator) -> tuple[np
     raise ValueError(f"unknown balance '{balance}'")
 
 
+def tuning_warning(
+    candidates: list[DFRCandidate], best: DFRCandidate, key: str, g: np.ndarray,
+    halvings: list[tuple[np.ndarray, np.ndarray]], fit_rows: int,
+) -> str | None:
+    """One line when the choice of C is not supported by the data, else None: some C's give an
+    all-zero head on every tune fit (constant predictions: the L1 penalty removed every feature),
+    or the chosen C ties with others on the tune score (picked as the first in grid order)."""
+    zero = [cand.c for cand in candidates if all(not np.any(w) for w, _ in cand.heads)]
+    tied = [cand.c for cand in candidates if cand.tune[key] == best.tune[key]]
+    if not zero and len(tied) < 2:
+        return None
+    tune_min = min(int(np.min(np.unique(g[t], return_counts=True)[1])) for _, t in halvings)
+    parts = []
+    if zero:
+        parts.append(f"C in {zero} give an all-zero head (constant predictions)")
+    if len(tied) > 1:
+        parts.append(f"C in {tied} tie at tune {key.replace('_', ' ')} {best.tune[key]:.3f}, C={best.c:g} picked as the first in grid order")
+    return (f"DFR's choice of C rests on little data: fitted on {fit_rows} val rows, scored on a tune half whose smallest group "
+            f"has {tune_min} rows; " + "; ".join(parts) + " (a larger val split, halving=stratified or n_fits > 1 give it more)")
+
+
 def fit_dfr(
     val: Embedded, n_classes: int, cfg: DFRConfig, seed: int, train_z: np.ndarray | None = None, oracle: Embedded | None = None
 ) -> DFRResult:
@@ -297,6 +341,9 @@ def fit_dfr(
         candidates.append(cand)
     key = DFR_CRITERIA[cfg.selection]
     best = max(candidates, key=lambda cand: cand.tune[key])  # max keeps the first of ties, as np.argmax
+    counts = np.unique(val.g[halvings[0][0]], return_counts=True)[1]  # the first fit half's groups
+    fit_rows = len(counts) * int(counts.min()) if cfg.balance == "subsample" else int(counts.sum())
+    warning = tuning_warning(candidates, best, key, val.g, halvings, fit_rows)
     # Refit on the whole val with the chosen C.
     scaler = Scaler.fit(train_z if cfg.scaler == "train" else val.z)
     z_all = scaler(val.z)
@@ -319,6 +366,7 @@ def fit_dfr(
         "n_refits": len(fits),
         "refit_rows_per_group": {str(int(v)): int(n) for v, n in zip(*per_group, strict=True)},
         "nonzero_weights": int(np.count_nonzero(np.abs(weight).sum(0))),
+        "warning": warning,
         "grid": [{"c": cand.c, **{f"tune_{k}": v for k, v in cand.tune.items()}} for cand in candidates],
     }
     return DFRResult(weight, bias, best.c, candidates, summary, scaler, [rows for rows, _ in fits], halvings)
@@ -408,7 +456,7 @@ def feature_extractor(
     from stages.core import provenance
     from stages.core.artifacts import model_dir, prepared_path
     from stages.core.io import ArtifactError
-    from stages.models import WEIGHTS, load_model
+    from stages.models import load_model
 
     splits = cfg.reads_splits()
     if cfg.features == PRETRAINED:
@@ -422,7 +470,13 @@ def feature_extractor(
     if cfg.features == method:
         raise ConfigError(f"params.yaml: {key}.features: names the method itself; name another method of run.methods, or 'pretrained'")
     folder = model_dir(dataset, cfg.features, seed)
-    path = folder / WEIGHTS
+    path = folder / cfg.upstream_weights()
+    if not path.is_file() and cfg.base == "final" and folder.is_dir():
+        raise ArtifactError(
+            f"{path}: the last epoch's weights of method '{cfg.features}' ({key}.base: final) not found; a model "
+            f"trained by epochs keeps them (re-run `dvc repro train@{dataset}-{cfg.features}-{seed}`), one fitted "
+            f"without epochs has none: set {key}.base=selected"
+        )
     if not path.is_file():
         raise ArtifactError(
             f"{path}: the trained model of method '{cfg.features}' ({key}.features) not found; it is made by "
@@ -433,7 +487,7 @@ def feature_extractor(
     made_for = provenance.Expected(
         dataset, f"train@{dataset}-{cfg.features}-{seed}", model=cfg.features, seed=seed, inputs=(prepared_path(dataset),)
     )
-    model = load_model(folder, expect=made_for)
+    model = load_model(folder, expect=made_for, weights=path.name)
     if model.kind == "backbone":  # a timm network: its pooled features, its head replaced (stages/models/backbone.py)
         if model.in_dim != prepared.x.shape[1] or model.n_classes != prepared.n_classes:
             raise ArtifactError(f"{path}: a model for {model.in_dim} inputs and {model.n_classes} classes, the prepared data has "
@@ -524,8 +578,12 @@ def train(job: TrainJob) -> Trained:
     selections = summary.pop("selections")
     record = {
         "architecture": model.arch(), "selection": cfg.selection, "selected_epoch": 0, "metrics": metrics,
-        "selections": selections, "dfr": summary,
+        "selections": selections, "dfr": {**summary, "base": cfg.base if cfg.features != PRETRAINED else None},
     }
+    if summary["warning"]:  # one line; config.json keeps it under dfr.warning
+        import sys
+
+        print(f"{job.key} on {job.dataset} seed {job.seed}: warning: {summary['warning']}", file=sys.stderr)
     if cfg.features == PRETRAINED:  # the key the other methods that read the pretrain stage write
         record["pretrained_encoder"] = summary["features_from"]
     how = (

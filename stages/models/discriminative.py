@@ -12,7 +12,7 @@ the same loop, from random initialisation or from a local `weights` file
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,16 +160,27 @@ def build_mlp(prepared: Prepared | PreparedFile, cfg: MLPFitConfig, dataset: str
     return MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, train_standardize(prepared))
 
 
+@dataclass
+class Plan:
+    """What a method's setup hands `train_mlp`: the loss, the keys it adds to config.json, and the
+    rows an epoch trains on (`training.Sampler`; None: one permutation of train per epoch)."""
+
+    loss: Any
+    record: dict[str, Any] = field(default_factory=dict)
+    sampler: Any = None
+
+
 # A method's hook into `train_mlp`: given the splits and the loop's generator (after seeding),
 # set up the loss (and e.g. per-example train weights in splits["train"].extra) and return it
-# with the keys it adds to config.json.
-LossSetup = Callable[["dict[str, SplitData]", "torch.Generator"], "tuple[Any, dict[str, Any]]"]
+# as a `Plan`.
+LossSetup = Callable[["dict[str, SplitData]", "torch.Generator"], Plan]
 
 
 def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: bool = False) -> Trained:
     """Train the classifier `job.cfg` configures (`build_classifier`: the MLP, or a timm
-    backbone) on `job` with the loss `setup` returns (cross-entropy when None), through the
-    shared loop (selection by `cfg.selection`, checkpoint/resume)."""
+    backbone) on `job` with the loss and sampler of the `Plan` `setup` returns (cross-entropy,
+    each epoch one permutation of train, when None), through the shared loop (selection by
+    `cfg.selection`, checkpoint/resume)."""
     from stages.core.artifacts import pretrained_dir
     from stages.core.runtime import setup_torch
     from stages.models import ENCODER
@@ -186,13 +197,14 @@ def train_mlp(job: TrainJob, setup: LossSetup | None = None, freeze_encoder: boo
     ckpt = job.checkpointer()
     generator = setup_torch(job.seed)
     splits = split_data(job.prepared)
-    loss, record = setup(splits, generator) if setup is not None else (cross_entropy, {})
+    plan = setup(splits, generator) if setup is not None else Plan(cross_entropy)
+    record = dict(plan.record)
     model, built = build_classifier(job)
     record.update(built)
     if freeze_encoder:
         model.encoder.requires_grad_(False)
     opts = FitOptions.from_config(cfg)
-    result = fit_classifier(model, splits, loss, opts, generator, desc=job.desc, checkpoint=ckpt)
+    result = fit_classifier(model, splits, plan.loss, opts, generator, desc=job.desc, checkpoint=ckpt, sampler=plan.sampler)
     model.load_state_dict(result.state_dict)
     if uses_pretrained(cfg):
         record["pretrained_encoder"] = str(pretrained_dir(job.dataset) / ENCODER)

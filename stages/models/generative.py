@@ -12,7 +12,9 @@ step (every class, and for a denoising model many noise draws), so the splits ar
 not after every epoch; their classification columns in history are null on the other epochs.
 The training objective is recorded every epoch (train and val rows, `objective`): on val by
 the model's `val_objective`, its training loss on the whole val split given the labels — one
-pass, no per-class scoring, on fixed draws where the loss is stochastic.
+pass, no per-class scoring, on fixed draws where the loss is stochastic. Training stops on a
+plateau of that val objective (`patience`: the plateau test of the under-training flag,
+`history.plateau_stop`), or at the epoch budget `epochs`; the flag is computed on what was run.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ class GenerativeFitOptions(FitOptions):
 
     @classmethod
     def from_config(cls, cfg: Any) -> GenerativeFitOptions:
-        """From a `GenerativeFitConfig` (or a subclass)."""
+        """From a `GenerativeFitConfig` (or a subclass; a namespace without `patience`, as the
+        benchmarks build, trains every epoch)."""
         return cls(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, selection=cfg.selection,
-                   weight_decay=cfg.weight_decay, eval_every=cfg.eval_every)
+                   weight_decay=cfg.weight_decay, eval_every=cfg.eval_every, patience=getattr(cfg, "patience", 0))
 
 
 def fit_generative(
@@ -69,7 +72,9 @@ def fit_generative(
     test_id), so the result's metrics cover every split and history has their rows only where
     scored.
     After every epoch `val_objective(splits["val"])` (in eval mode) is val's `objective` in
-    history: it must be deterministic and draw from no shared RNG (it runs between epochs).
+    history: it must be deterministic and draw from no shared RNG (it runs between epochs). With
+    `opts.patience`, training stops after the epoch at which the plateau test found it plateaued
+    `patience` times in a row (`training.fit_loop`); that epoch is scored.
 
     `model` is left holding the selected weights (also in the result), in eval mode. With
     `checkpoint`, resumable exactly as `training.fit_classifier` (the loop is

@@ -6,14 +6,16 @@ writes it): `loss`, `acc`, `worst_group_acc` where the split was scored, `object
 training objective) on train and val every epoch. A checkpoint is chosen by a named criterion
 (`SELECTION_METRIC`); `selection_summary` records what every criterion would have picked, so
 each model's config.json reports all three while only the configured one chose the saved
-weights; `convergence` turns the val objective curve into the under-training flag
-(docs/metrics.md).
+weights; `convergence` turns the val objective curve into the under-training and over-fitting
+flags (a plateau test with a stated false-alarm rate, docs/metrics.md), and `plateau_stop` is the
+same test as a stopping rule.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -53,58 +55,168 @@ def history_rows(
 
 # ---- convergence -----------------------------------------------------------------------------
 
-UNDERTRAINED_WINDOW = 0.2
-"""The window of the under-training check: the last 20 % of the epochs (rounded up) ..."""
-UNDERTRAINED_MIN_EPOCHS = 2
-"""... and at least 2 epochs."""
-UNDERTRAINED_GAIN = 0.01
-"""A val objective that improved by more than 1 % (relative) within the window is flagged."""
+PLATEAU_WINDOW = 0.25
+"""The plateau test's window: the last quarter of the epochs run (rounded up) ..."""
+PLATEAU_MIN_EPOCHS = 8
+"""... and at least 8 epochs (a slope's t-test on fewer points has little power at this level);
+a run of fewer epochs is not judged ("n/a")."""
+PLATEAU_ALPHA = 0.01
+"""One-sided level of each slope test: on a flat val objective with independent Gaussian noise the
+under-training flag fires with probability at most 1 % (the over-fitting flag likewise); noise
+correlated from epoch to epoch raises it (AR(1) with lag-1 correlation 0.5: 4.5-8 %, measured in
+tests/test_convergence.py)."""
+PLATEAU_GAIN = 0.01
+"""... and only for a change that matters: the fitted line must fall (rise) by more than 1 % of its
+value at the window's start over the window."""
 UNDER_TRAINED, PLATEAUED, NOT_APPLICABLE = "may be under-trained", "plateaued", "n/a"
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The least-squares line through a window of the val objective (epochs 0..w-1 of the window):
+    its slope per epoch, fitted values at the window's ends, and the slope's one-sided p-values."""
+
+    slope: float
+    start: float
+    end: float
+    t: float
+    p_falling: float
+    p_rising: float
+
+    @property
+    def change(self) -> float:
+        """(fitted end − fitted start) / |fitted start|: < 0 fell, > 0 rose (0 when the start is 0)."""
+        return (self.end - self.start) / abs(self.start) if self.start != 0 else 0.0
+
+
+def trend(values: list[float]) -> Trend:
+    """`Trend` of `values` (at least 3): t = slope / se(slope) on Student's t with n − 2 degrees of
+    freedom, se from the residuals of the line. A curve that still bends inside the window leaves
+    larger residuals, so its fall has to be clearer to count; no correction for serially
+    correlated noise (it would take most of the degrees of freedom of a short window and hide a
+    curve that is plainly still falling). A window with no residual noise gives p = 0 on the side
+    its slope points to (1 on the other; 0.5 both for an exactly flat window)."""
+    from scipy import stats
+
+    n = len(values)
+    if n < 3:
+        raise ValueError(f"a trend needs at least 3 values, got {n}")
+    xm, ym = (n - 1) / 2.0, math.fsum(values) / n
+    sxx = math.fsum((i - xm) ** 2 for i in range(n))
+    slope = math.fsum((i - xm) * (v - ym) for i, v in enumerate(values)) / sxx
+    intercept = ym - slope * xm
+    ssr = math.fsum((v - intercept - slope * i) ** 2 for i, v in enumerate(values))
+    se = math.sqrt(ssr / (n - 2) / sxx)
+    # Residuals within rounding of zero are no noise (an exactly linear window): the sign decides.
+    if se <= 1e-12 * max(abs(ym), 1e-300):
+        t = 0.0 if slope == 0 else math.copysign(math.inf, slope)
+    else:
+        t = slope / se
+    p_falling = float(stats.t.cdf(t, n - 2))  # P(T <= t) under a flat trend: small when clearly falling
+    p_rising = float(stats.t.sf(t, n - 2))
+    return Trend(slope, intercept, intercept + slope * (n - 1), t, p_falling, p_rising)
+
+
+def plateau_window(epochs: int, window: float = PLATEAU_WINDOW, min_epochs: int = PLATEAU_MIN_EPOCHS) -> int:
+    """Epochs in the test's window for a run of `epochs`: max(`min_epochs`, ceil(`window` · epochs))."""
+    return max(int(min_epochs), math.ceil(float(window) * epochs - 1e-9))
+
+
+def val_objective_curve(history: pa.Table | list[dict[str, Any]]) -> list[float]:
+    """The val objective of epochs 1..E in order (rows without one are skipped)."""
+    rows = history.to_pylist() if isinstance(history, pa.Table) else history
+    return [v for _, v in sorted((int(r["epoch"]), float(r["objective"])) for r in rows
+                                 if r["split"] == "val" and r.get("objective") is not None and r["epoch"] >= 1)]
 
 
 def convergence(
     history: pa.Table | list[dict[str, Any]],
-    window: float = UNDERTRAINED_WINDOW,
-    min_epochs: int = UNDERTRAINED_MIN_EPOCHS,
-    gain: float = UNDERTRAINED_GAIN,
+    window: float = PLATEAU_WINDOW,
+    min_epochs: int = PLATEAU_MIN_EPOCHS,
+    alpha: float = PLATEAU_ALPHA,
+    gain: float = PLATEAU_GAIN,
+    budget: int | None = None,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
-    """The under-training check of a history (docs/metrics.md, "Training objective and the under-training flag").
+    """The plateau test of a history (docs/metrics.md, "Training objective and the under-training flag").
 
-    Over the val rows with an objective, epochs 1..E in order: the window is the last
-    w = max(`min_epochs`, ceil(`window` · E)) epochs, its start value v0 the val objective at
-    epoch E − w (the model the window's training started from), and
+    Over the val objective v_1..v_E (the val rows with an objective, epochs 1..E in order), the
+    window is the last w = max(`min_epochs`, ceil(`window` · E)) epochs; the smoothed objective
+    is the least-squares line through them (`trend`), and
 
-        improvement = (v0 − min over the window) / |v0|
+        improvement = (fitted start − fitted end) / |fitted start|     (> 0: still falling)
 
-    (0 when v0 is 0). improvement > `gain` -> "may be under-trained", else "plateaued"; no
-    val objective (closed-form and other epoch-less models) or E <= w -> "n/a". Returns
-    {"flag", "epochs": E, "window": [first, last epoch] or None, "improvement" or None, "why",
-    "val_objective": the curve, epochs 1..E} (train and distill keep it in config.json, evaluate
-    passes it on to the report, which draws the curves).
+    Flags: "may be under-trained" when the line falls significantly (one-sided t-test of the
+    slope, p < `alpha`) by more than `gain`; `overfitting` when it rises significantly (p <
+    `alpha`) by more than `gain` (the flag is then "plateaued": more epochs would not help);
+    else "plateaued". No val objective, or E < w -> "n/a". `budget` (the epochs allowed) and
+    `stopped` ("plateau": training stopped on this test; "budget": it ran every epoch allowed)
+    are recorded as given (None for a run without early stopping).
+
+    Returns {"flag", "overfitting", "epochs": E, "window": [first, last epoch] | None,
+    "improvement" | None, "p_falling" | None, "p_rising" | None, "best_epoch" | None, "why",
+    "test": {window, min_epochs, alpha, gain}, "budget", "stopped", "val_objective": [v_1..v_E]}
+    (train and distill keep it in config.json, evaluate passes it on to the report).
     """
-    rows = history.to_pylist() if isinstance(history, pa.Table) else history
-    curve = sorted((int(r["epoch"]), float(r["objective"])) for r in rows
-                   if r["split"] == "val" and r.get("objective") is not None and r["epoch"] >= 1)
+    curve = val_objective_curve(history)
     n = len(curve)
-    w = max(int(min_epochs), math.ceil(float(window) * n - 1e-9))
-    out: dict[str, Any] = {"flag": NOT_APPLICABLE, "epochs": n, "window": None, "improvement": None,
-                           "val_objective": [v for _, v in curve]}
+    w = plateau_window(n, window, min_epochs)
+    out: dict[str, Any] = {
+        "flag": NOT_APPLICABLE, "overfitting": False, "epochs": n, "window": None, "improvement": None,
+        "p_falling": None, "p_rising": None, "best_epoch": (min(range(n), key=lambda i: (curve[i], i)) + 1) if n else None,
+        "test": {"window": window, "min_epochs": int(min_epochs), "alpha": alpha, "gain": gain},
+        "budget": budget, "stopped": stopped, "val_objective": curve,
+    }
     if n == 0:
         return {**out, "why": "no epochs: no per-epoch val objective (fitted in closed form, or no val split)"}
-    if n <= w:
-        return {**out, "why": f"too few epochs: {n}, the check needs more than {w}"}
-    start = curve[n - w - 1][1]
-    best = min(v for _, v in curve[n - w :])
-    improvement = (start - best) / abs(start) if start != 0 else 0.0
-    flagged = improvement > gain
+    if n < w:
+        return {**out, "why": f"too few epochs: {n}, the plateau test needs at least {w}"}
+    fit = trend(curve[n - w :])
+    improvement = -fit.change
+    falling = fit.p_falling < alpha and improvement > gain
+    rising = fit.p_rising < alpha and -improvement > gain
+    span = f"the last {w} of {n} epochs"
+    if falling:
+        why = (f"val objective still falling: its least-squares line over {span} fell {improvement:.1%} "
+               f"(one-sided p = {fit.p_falling:.2g} < {alpha:g}, more than {gain:.0%})")
+    elif rising:
+        why = (f"over-fitting: the val objective's least-squares line over {span} rose {-improvement:.1%} "
+               f"(one-sided p = {fit.p_rising:.2g} < {alpha:g}); lowest at epoch {out['best_epoch']}")
+    else:
+        why = (f"no significant fall over {span}: fitted change {-improvement:+.1%} "
+               f"(one-sided p = {fit.p_falling:.2g}; flagged below {alpha:g} with more than {gain:.0%})")
+    if stopped == "plateau":
+        why += f"; training stopped here on this test (budget {budget} epochs)"
+    elif stopped == "budget" and budget is not None:
+        why += f"; ran the whole budget of {budget} epochs"
     return {
         **out,
-        "flag": UNDER_TRAINED if flagged else PLATEAUED,
-        "window": [curve[n - w][0], curve[-1][0]],
+        "flag": UNDER_TRAINED if falling else PLATEAUED,
+        "overfitting": rising,
+        "window": [n - w + 1, n],
         "improvement": improvement,
-        "why": f"val objective {'improved' if improvement > 0 else 'changed'} by {improvement:+.1%} over the last "
-               f"{w} of {n} epochs ({'more' if flagged else 'not more'} than {gain:.0%})",
+        "p_falling": fit.p_falling,
+        "p_rising": fit.p_rising,
+        "why": why,
     }
+
+
+def plateau_stop(curve: list[float], patience: int, **test: Any) -> bool:
+    """Whether training should stop after the last value of `curve` (the val objective so far):
+    on each of the last `patience` prefixes curve[:E−patience+1] .. curve[:E], the plateau test
+    (`convergence`, the same parameters) could judge, and its smoothed objective fell by at most
+    `gain` over the window (improvement <= gain: flat, or rising) — a stricter condition than
+    "not flagged", which a noisy curve still falling meets by chance. `patience` 0 never stops.
+    A run stopped here is "plateaued" by the same test (the flag needs improvement > gain)."""
+    if patience < 1 or len(curve) < patience:
+        return False
+    rows = [{"epoch": e, "split": "val", "objective": v} for e, v in enumerate(curve, 1)]
+    gain = test.get("gain", PLATEAU_GAIN)
+    for k in range(len(curve) - patience + 1, len(curve) + 1):
+        c = convergence(rows[:k], **test)
+        if c["flag"] == NOT_APPLICABLE or c["improvement"] > gain:
+            return False
+    return True
 
 
 # ---- selection record ------------------------------------------------------------------------

@@ -1,6 +1,14 @@
 """`jtt`: Just Train Twice (Liu et al. 2021) — a short ERM run identifies the train examples
 it gets wrong (`identify_errors`); a fresh model of the same backbone is retrained with those
-examples' weight multiplied by λ (`jtt_weights`, `robust.weighted_cross_entropy`).
+examples upsampled.
+
+The published code (github.com/anniesch/jtt, run_expt.py `--up_weight`) upsamples by copies:
+the second run's train set is `ConcatDataset([train, Subset(train, errors * up_weight)])`,
+shuffled, so an error example appears λ + 1 times and an epoch has n + λ·|errors| rows
+(`upsample: copies`, `robust.copies_sampler`; the default). `upsample: weight` keeps one copy of
+each row and weighs the errors' loss by λ (`jtt_weights`, `robust.weighted_cross_entropy`; this
+project's earlier default). λ (`upweight`) is the paper's Waterbirds value, 100 (its grid in
+generate_downstream.py: 20, 50, 100; CelebA 50).
 """
 
 from __future__ import annotations
@@ -12,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option
-from stages.models.discriminative import MLPFitConfig, build_classifier, train_mlp
+from stages.models.discriminative import (
+    MLPFitConfig,
+    Plan,
+    build_classifier,
+    train_mlp,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -27,19 +40,42 @@ if TYPE_CHECKING:
 
 @dataclass
 class JTTConfig(MLPFitConfig):
-    """Just Train Twice: an ERM run's train errors get weight λ in a second run of the same backbone."""
+    """Just Train Twice: an ERM run's train errors upsampled (λ extra copies, or weight λ) in a second
+    run of the same backbone."""
 
     id_epochs: int = option("epochs of the ERM identification run (its last epoch is used)")
-    upweight: float = option("λ: loss weight of the identification run's train errors (1 = plain ERM)")
+    upweight: float = option(
+        "λ: copies: each identified error is added λ more times (published --up_weight; a whole number) | "
+        "weight: its loss weight (1 = plain ERM)"
+    )
+    upsample: str = option(
+        "how the errors are upsampled: copies (published: each error appears λ + 1 times, an epoch has "
+        "n + λ·|errors| rows) | weight (one copy of each row, the errors' loss weighted by λ)"
+    )
 
     def check(self, c: Checks) -> None:
         super().check(c)
         c.require(self.id_epochs >= 1, "id_epochs", f"must be >= 1, got {self.id_epochs}")
-        c.require(self.upweight >= 1, "upweight", f"must be >= 1 (1 = plain ERM), got {self.upweight}")
+        c.choice(self.upsample, "upsample", list(UPSAMPLES))
+        if self.upsample == "copies":
+            c.require(self.upweight >= 0 and float(self.upweight).is_integer(), "upweight",
+                      f"with upsample=copies, the number of extra copies: a whole number >= 0 (0 = plain ERM), got {self.upweight}")
+        else:
+            c.require(self.upweight >= 1, "upweight", f"must be >= 1 (1 = plain ERM), got {self.upweight}")
+
+
+UPSAMPLES = ("copies", "weight")
+
+
+def jtt_copies(errors: torch.Tensor, upweight: float) -> torch.Tensor:
+    """Copies of each train row in the second run: 1 + λ for an identified error, 1 for the rest."""
+    import torch
+
+    return torch.where(errors, 1 + int(upweight), 1).to(torch.int64)
 
 
 def jtt_weights(errors: torch.Tensor, upweight: float) -> torch.Tensor:
-    """Weight λ = `upweight` for the identified errors, 1 for the rest, then scaled to mean 1."""
+    """Weight `upweight` for the identified errors, 1 for the rest, then scaled to mean 1."""
     import torch
 
     from stages.models.robust import normalised
@@ -110,24 +146,33 @@ def identify_errors(
 
 
 def train(job: TrainJob) -> Trained:
-    """The identification run (not checkpointed: short and deterministic), then the
-    upweighted second run; config.json records the identification under `jtt`."""
+    """The identification run (not checkpointed: short and deterministic), then the second run
+    on train with the errors upsampled (`upsample`); config.json records the identification
+    under `jtt`."""
 
-    from stages.models.robust import weighted_cross_entropy
-    from stages.models.training import FitOptions
+    from stages.models.robust import copies_sampler, weighted_cross_entropy
+    from stages.models.training import FitOptions, cross_entropy
 
     cfg = job.cfg
 
-    def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    def setup(splits: Any, generator: torch.Generator) -> Plan:
         first, _ = build_classifier(job)  # the same network as the second run (same backbone and weights)
         ident = identify_errors(
             first, splits, FitOptions.from_config(cfg), cfg.id_epochs, generator,
             job.prepared.n_groups, desc=f"{job.desc} (identify)",
         )
+        record = {"jtt": {**ident.summary, "upweight": cfg.upweight, "upsample": cfg.upsample}}
+        # val's objective (training.held_out) gives the identification model's val errors the same
+        # share as train's: weights 1 + λ (copies, normalised: the mean loss over an upsampled val) or λ.
+        weight = 1 + cfg.upweight if cfg.upsample == "copies" else cfg.upweight
+        if "val" in splits:
+            splits["val"].extra["w"] = jtt_weights(misclassified(first, splits["val"]), weight)
+        if cfg.upsample == "copies":
+            copies = jtt_copies(ident.errors, cfg.upweight)
+            record["jtt"]["epoch_rows"] = int(copies.sum())
+            return Plan(cross_entropy, record, copies_sampler(copies))
         splits["train"].extra["w"] = jtt_weights(ident.errors, cfg.upweight)
-        if "val" in splits:  # the identification model's val errors weigh val's objective (training.held_out)
-            splits["val"].extra["w"] = jtt_weights(misclassified(first, splits["val"]), cfg.upweight)
-        return weighted_cross_entropy, {"jtt": {**ident.summary, "upweight": cfg.upweight}}
+        return Plan(weighted_cross_entropy, record)
 
     return train_mlp(job, setup)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stages.core.registry import register_method
 from stages.core.schema import Checks, option
-from stages.models.discriminative import MLPFitConfig, train_mlp
+from stages.models.discriminative import MLPFitConfig, Plan, train_mlp
 
 if TYPE_CHECKING:
     import torch
@@ -45,11 +45,9 @@ def balanced_weights(labels: torch.Tensor, n_values: int) -> torch.Tensor:
 
 def train(job: TrainJob) -> Trained:
     """Inverse-frequency weights on train (class or group, by `balance`)."""
-
-
     from stages.models.robust import weighted_cross_entropy
 
-    def setup(splits: Any, generator: torch.Generator) -> tuple[Any, dict[str, Any]]:
+    def setup(splits: Any, generator: torch.Generator) -> Plan:
         train = splits["train"]
         prepared = job.prepared
         labels, n_values = (train.g, prepared.n_groups) if job.cfg.balance == "group" else (train.y, prepared.n_classes)
@@ -57,7 +55,7 @@ def train(job: TrainJob) -> Trained:
         if "val" in splits:  # the same rule on val, for the objective's held-out value (training.held_out)
             val = splits["val"]
             splits["val"].extra["w"] = balanced_weights(val.g if job.cfg.balance == "group" else val.y, n_values)
-        return weighted_cross_entropy, {}
+        return Plan(weighted_cross_entropy)
 
     return train_mlp(job, setup)
 

@@ -2,8 +2,10 @@
 
 `weighted_cross_entropy` with per-example weights `normalised` to mean 1 over train (so a
 weighted loss has the scale of plain cross-entropy and the same learning rate suits every
-method); `logistic_regression`, an exact L2 logistic regression (last-layer retraining);
-`group_scores`, accuracy and worst-group accuracy of logits.
+method); the epoch samplers of the published recipes (`group_balanced_sampler`: GroupDRO's
+`--reweight_groups`; `copies_sampler`: Just Train Twice's upsampling by copies); `logistic_regression`, an
+exact L2 logistic regression (last-layer retraining); `group_scores`, accuracy and worst-group
+accuracy of logits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 from stages.models.training import Batch
 
 if TYPE_CHECKING:
-    pass
+    from stages.models.training import Sampler
 
 
 # ---- weighted losses ---------------------------------------------------------------------------
@@ -33,6 +35,45 @@ def normalised(weights: torch.Tensor) -> torch.Tensor:
     """`weights` (float32) scaled to mean 1."""
     w = weights.double()
     return (w * (len(w) / w.sum())).float()
+
+
+# ---- epoch samplers ----------------------------------------------------------------------------
+
+
+def group_balanced_sampler(g: torch.Tensor, n_groups: int) -> Sampler:
+    """An epoch of len(g) rows drawn with replacement, row i with probability ∝ 1 / count(g_i):
+    every group present is drawn equally often in expectation. What the GroupDRO code's
+    `--reweight_groups` does (kohpangwei/group_DRO data/dro_dataset.py `get_loader`:
+    `WeightedRandomSampler(len(self) / group_counts[g], len(self), replacement=True)`, i.e.
+    `torch.multinomial` with the loader's generator), here with the loop's generator."""
+    g = torch.as_tensor(g, dtype=torch.int64)
+    counts = torch.bincount(g, minlength=n_groups).double()
+    if len(counts) > n_groups:
+        raise ValueError(f"groups go up to {int(g.max())} but there are {n_groups}")
+    weights = (len(g) / counts)[g]
+
+    def draw(generator: torch.Generator) -> torch.Tensor:
+        return torch.multinomial(weights, len(g), replacement=True, generator=generator)
+
+    return draw
+
+
+def copies_sampler(copies: torch.Tensor) -> Sampler:
+    """An epoch in which row i appears `copies[i]` times (>= 1), in one seeded random order: Just
+    Train Twice's upsampling (its authors' run_expt.py: `ConcatDataset([train_data,
+    Subset(train_data, list(aug_indices) * up_weight)])`, shuffled), so an epoch has Σ copies rows."""
+    copies = torch.as_tensor(copies, dtype=torch.int64)
+    if len(copies) and int(copies.min()) < 1:
+        raise ValueError(f"every row needs at least one copy, got {int(copies.min())}")
+    rows = torch.repeat_interleave(torch.arange(len(copies)), copies)
+
+    def draw(generator: torch.Generator) -> torch.Tensor:
+        return rows[torch.randperm(len(rows), generator=generator)]
+
+    return draw
+
+
+# ---- last-layer retraining ---------------------------------------------------------------------
 
 
 def logistic_regression(

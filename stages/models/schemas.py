@@ -16,17 +16,23 @@ class GenerativeFitConfig:
     kind: str = option("method family")
     lr: float = option("AdamW learning rate")
     weight_decay: float = option("AdamW weight decay")
-    epochs: int = option("training epochs")
+    epochs: int = option("the epoch budget: training stops here unless the plateau test stopped it earlier (patience)")
+    patience: int = option(
+        "stop once the plateau test of the under-training flag (docs/metrics.md) finds the val objective "
+        "plateaued at this many epochs in a row (0 = train every epoch of the budget)"
+    )
     batch_size: int = option("minibatch size")
     selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
-    eval_every: int = option("score the splits (for selection and history) every N epochs and at the last")
+    eval_every: int = option("score the splits (for selection and history) every N epochs, at the last and where training stops")
 
     def reads_splits(self) -> tuple[str, ...]:
-        """The splits whose rows can change the trained weights: train, and the selection split."""
-        return train_and_selection_splits(self.selection)
+        """The splits whose rows can change the trained weights: train, and the selection split
+        (with patience, val also decides when training stops)."""
+        return tuple(dict.fromkeys([*train_and_selection_splits(self.selection), *(("val",) if self.patience else ())]))
 
     def check(self, c: Checks) -> None:
         c.minibatch(self)
+        c.require(self.patience >= 0, "patience", f"must be >= 0 (0 = no early stop), got {self.patience}")
         c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
 
 

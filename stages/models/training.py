@@ -60,7 +60,9 @@ from stages.models.history import (
     convergence,
     history_rows,
     history_table,
+    plateau_stop,
     selection_summary,
+    val_objective_curve,
 )
 from stages.models.nets import model_device, place
 
@@ -72,6 +74,11 @@ if TYPE_CHECKING:
 Batch = dict[str, torch.Tensor]
 LossFn = Callable[[torch.Tensor, Batch], torch.Tensor]
 """A training objective: (logits of a batch, the batch's tensors) -> scalar loss."""
+Sampler = Callable[[torch.Generator], torch.Tensor]
+"""An epoch's rows of train, drawn with the loop's generator: int64 positions in the split, repeats
+allowed, in the order they are trained on (e.g. `robust.group_balanced_sampler`, JTT's copies).
+Without one an epoch is one seeded permutation of the rows. A streamed split trains on the same
+rows, in its own windowed shuffle (`_batches`)."""
 
 # ---- data ------------------------------------------------------------------------------------
 
@@ -301,6 +308,7 @@ class FitOptions:
     weight_decay: float = 0.0
     optimizer: str = "adamw"  # stages.core.schema.OPTIMIZERS
     momentum: float = 0.9  # sgd only
+    patience: int = 0  # stop on the plateau test after this many plateaued epochs in a row (0: run every epoch)
 
     @classmethod
     def from_config(cls, cfg: Any) -> FitOptions:
@@ -327,12 +335,17 @@ def make_optimizer(params: Any, opts: FitOptions) -> torch.optim.Optimizer:
 
 @dataclass
 class FitResult:
-    """The selected checkpoint, its epoch and metrics, and the full per-epoch history."""
+    """The selected checkpoint, its epoch and metrics, the full per-epoch history, the weights of
+    the last epoch run (`final_state_dict`), the epoch budget and why training ended (`stopped`:
+    "budget", every epoch allowed was run; "plateau", `history.plateau_stop` ended it)."""
 
     state_dict: dict[str, torch.Tensor]
     selected_epoch: int
     selected_metrics: dict[str, dict[str, float]]
     history: pa.Table
+    final_state_dict: dict[str, torch.Tensor] = field(default_factory=dict)
+    budget: int = 0
+    stopped: str = "budget"
 
 
 def run_epoch(
@@ -341,8 +354,10 @@ def run_epoch(
     optimizer: torch.optim.Optimizer,
     batch_size: int,
     generator: torch.Generator,
+    sampler: Sampler | None = None,
 ) -> float:
-    """One pass over `data` in a seeded random order; returns the mean batch loss.
+    """One pass over `data` in a seeded random order (or over the rows `sampler` draws); returns
+    the mean batch loss.
 
     `data` maps names to tensors with the same first dimension; each step receives the
     batch as a dict of the same names. A non-finite batch loss raises `NonFiniteLoss` before the
@@ -356,7 +371,7 @@ def run_epoch(
     device = optimizer.param_groups[0]["params"][0].device
     scaler = rt.grad_scaler() if device.type == "cuda" else None
     total, steps = 0.0, 0
-    for batch in _batches(data, batch_size, generator):
+    for batch in _batches(data, batch_size, generator, sampler):
         batch = {k: to_input(v, device) if k == "x" else v.to(device, non_blocking=True) for k, v in batch.items()}
         with rt.autocast(on=device):
             loss = batch_loss(batch)
@@ -382,18 +397,23 @@ def run_epoch(
     return total / max(steps, 1)
 
 
-def _batches(data: Mapping[str, torch.Tensor] | StreamSplit, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
-    """One epoch's minibatches: of tensors in memory, one seeded permutation of the rows; of a
-    stream (stages/core/stream.py), its seeded row-group and window shuffle."""
+def _batches(
+    data: Mapping[str, torch.Tensor] | StreamSplit, batch_size: int, generator: torch.Generator, sampler: Sampler | None = None
+) -> Iterator[Batch]:
+    """One epoch's minibatches: of tensors in memory, one seeded permutation of the rows, or the
+    rows `sampler` draws, in its order; of a stream (stages/core/stream.py), its seeded row-group
+    and window shuffle — of the rows `sampler` draws, with their repeats, when given (the same
+    rows as in memory; their order, like a stream's permutation, is shuffled within windows)."""
     if not isinstance(data, Mapping):
         from stages.core.runtime import current
 
         rt = current()
-        yield from data.epoch(batch_size, generator, rt.shuffle_buffer, rt.workers)
+        counts = None if sampler is None else torch.bincount(sampler(generator), minlength=len(data)).numpy()
+        yield from data.epoch(batch_size, generator, rt.shuffle_buffer, rt.workers, counts=counts)
         return
     n = len(next(iter(data.values())))
-    order = torch.randperm(n, generator=generator)
-    for i in range(0, n, batch_size):
+    order = torch.randperm(n, generator=generator) if sampler is None else sampler(generator)
+    for i in range(0, len(order), batch_size):
         idx = order[i : i + batch_size]
         yield {k: v[idx] for k, v in data.items()}
 
@@ -406,10 +426,13 @@ def fit_classifier(
     generator: torch.Generator,
     desc: str = "train",
     checkpoint: Checkpointer | None = None,
+    sampler: Sampler | None = None,
 ) -> FitResult:
     """Train `model` on splits["train"] with `loss_fn`; score every split each epoch; select.
 
-    `model` is left holding its last-epoch weights; the selected ones are in the result.
+    An epoch is one seeded permutation of train, or the rows `sampler` draws (e.g. GroupDRO's
+    group-balanced sampling). `model` is left holding its last-epoch weights; the selected ones
+    are in the result.
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
     `checkpoint.every` epochs, and on SIGINT/SIGTERM writes one and raises StageInterrupted
     (see `fit_loop`). A `loss_fn` with `state_dict` (e.g. Group DRO's group weights) has its state checkpointed.
@@ -423,7 +446,7 @@ def fit_classifier(
     train = splits["train"]
     return fit_loop(
         model, splits, train.tensors() if isinstance(train, SplitData) else train, step, evaluate, opts, generator,
-        desc=desc, checkpoint=checkpoint, loss_state=loss_fn if hasattr(loss_fn, "state_dict") else None,
+        desc=desc, checkpoint=checkpoint, loss_state=loss_fn if hasattr(loss_fn, "state_dict") else None, sampler=sampler,
     )
 
 
@@ -440,6 +463,7 @@ def fit_loop(
     eval_every: int = 1,
     loss_state: Any = None,
     val_objective: Callable[[], float] | None = None,
+    sampler: Sampler | None = None,
 ) -> FitResult:
     """The one epoch / selection / checkpoint loop of every trained model (classifiers and generative).
 
@@ -454,6 +478,12 @@ def fit_loop(
     minibatch loss, on val the "objective" `evaluate()` put in val's metrics, else (an
     unscored epoch, or an `evaluate` that gives none) `val_objective()`, which must be
     deterministic and leave every RNG alone; without either, val's objective is null.
+
+    An epoch trains on the rows `sampler` draws when given (`Sampler`; it draws from `generator`,
+    so a resumed run draws the same rows). With `opts.patience` > 0 training stops early, after
+    the first epoch at which `history.plateau_stop` finds the val objective plateaued for
+    `patience` epochs in a row (the plateau test of the under-training flag, so a model stopped
+    there is not flagged); that epoch is scored like the last one. `opts.epochs` is then a budget.
 
     With `checkpoint`, training resumes from its latest valid checkpoint, writes one every
     `checkpoint.every` epochs (scored or not), and on SIGINT/SIGTERM writes one and raises
@@ -491,11 +521,15 @@ def fit_loop(
         return str(checkpoint.save(epoch, *_loop_state(model, optimizer, loss_state, generator, rows, best)))
 
     with stop_requests() if checkpoint is not None else nullcontext(StopRequest()) as stop:
+        stopped = "budget"
+        # A checkpoint written at the epoch the plateau test stopped on: that run is complete.
+        if opts.patience and 1 < start <= opts.epochs and plateau_stop(val_objective_curve(rows), opts.patience):
+            stopped, start = "plateau", opts.epochs + 1
         bar = progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch")
         for epoch in bar:
             model.train()
             try:
-                loss = run_epoch(train, step, optimizer, opts.batch_size, generator)
+                loss = run_epoch(train, step, optimizer, opts.batch_size, generator, sampler)
             except NonFiniteLoss as e:
                 e.epoch = epoch
                 if checkpoint is not None:  # resuming would diverge again: start over next time
@@ -508,6 +542,13 @@ def fit_loop(
             if "val" in splits:
                 given = metrics["val"].pop("objective", None) if "val" in metrics else None
                 objective["val"] = given if given is not None else val_objective() if val_objective is not None else None
+            if opts.patience and objective.get("val") is not None and epoch < opts.epochs:
+                curve = [*val_objective_curve(rows), objective["val"]]
+                if plateau_stop(curve, opts.patience):
+                    stopped = "plateau"
+                    if not scored:  # the last epoch run is always scored (selection, history)
+                        scored, metrics = True, evaluate()
+                        metrics.get("val", {}).pop("objective", None)
             rows += history_rows(epoch, metrics, objective)
             status = [f"loss {objective['train']:.4f}"]
             if "val" in metrics:
@@ -520,6 +561,8 @@ def fit_loop(
                     best = (score, epoch, copy.deepcopy(model.state_dict()), metrics)
             saved = checkpoint is not None and checkpoint.due(epoch) and bool(save(epoch))
             fault_point("after_epoch", epoch)
+            if stopped == "plateau":
+                break
             if stop.requested and epoch < opts.epochs and checkpoint is not None:
                 path = checkpoint.files()[0] if saved else save(epoch)
                 raise StageInterrupted(
@@ -529,7 +572,8 @@ def fit_loop(
                     exit_code=stop.exit_code,
                 )
     assert best is not None  # epochs >= 1 and the last epoch is always scored
-    return FitResult(state_dict=best[2], selected_epoch=best[1], selected_metrics=best[3], history=history_table(rows))
+    return FitResult(state_dict=best[2], selected_epoch=best[1], selected_metrics=best[3], history=history_table(rows),
+                     final_state_dict=copy.deepcopy(model.state_dict()), budget=opts.epochs, stopped=stopped)
 
 
 _Best = tuple[float, int, dict[str, torch.Tensor], dict[str, dict[str, float]]]
@@ -653,8 +697,10 @@ class TrainJob:
 class Trained:
     """What a method's `train` returns: the model (holding the weights to save), its metrics
     per split, its history, a few words on how the weights were chosen, the keys it adds to
-    config.json (`architecture`, `selection`, ... — see stages/train.py), and the checkpoint
-    to drop once the model folder is written."""
+    config.json (`architecture`, `selection`, ... — see stages/train.py), the checkpoint
+    to drop once the model folder is written, and for a model trained by epochs the weights of
+    its last epoch (`final`: the train stage writes them beside the selected ones as
+    `models.FINAL_WEIGHTS`, the base model DFR's authors re-train the last layer of)."""
 
     model: Any
     metrics: dict[str, dict[str, float]]
@@ -662,17 +708,24 @@ class Trained:
     how: str
     record: dict[str, Any] = field(default_factory=dict)
     checkpoint: Any = None
+    final: dict[str, torch.Tensor] | None = None
 
 
 def epoch_trained(model: Any, result: FitResult, selection: str, checkpoint: Any, **record: Any) -> Trained:
-    """A model trained by epochs through `fit_loop`: the epoch `selection` chose, and what every
-    criterion would have chosen (`selections`)."""
+    """A model trained by epochs through `fit_loop`: the epoch `selection` chose, what every
+    criterion would have chosen (`selections`), the last epoch run (`final_epoch`, whose weights
+    come with it), and the plateau test on what was run (`convergence`, with the budget and why
+    training ended)."""
 
     record.setdefault("architecture", model.arch())
-    record.update(selection=selection, selected_epoch=result.selected_epoch, metrics=result.selected_metrics)
-    record.update(selections=selection_summary(result.history), convergence=convergence(result.history))
+    epochs = max((int(r["epoch"]) for r in result.history.to_pylist()), default=0)
+    record.update(selection=selection, selected_epoch=result.selected_epoch, final_epoch=epochs, metrics=result.selected_metrics)
+    record.update(selections=selection_summary(result.history),
+                  convergence=convergence(result.history, budget=result.budget, stopped=result.stopped))
     how = f"epoch {result.selected_epoch} selected by {selection}"
-    return Trained(model, result.selected_metrics, result.history, how, record, checkpoint)
+    if result.stopped == "plateau":
+        how += f" (stopped on a plateau of the val objective after {epochs} of {result.budget} epochs)"
+    return Trained(model, result.selected_metrics, result.history, how, record, checkpoint, result.final_state_dict or None)
 
 
 def fitted_once(model: Any, prepared: Prepared, how: str, **record: Any) -> Trained:

@@ -9,7 +9,7 @@ four of Paul Tol's muted colours for more than eight series.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from html import escape
 from typing import Any
@@ -274,6 +274,9 @@ def scatter_with_curve(
     return plot.svg(title)
 
 
+TIE_FILL = "#e6e6e6"  # a heatmap cell whose value is not distinguishable from 0
+
+
 def diverging(v: float, limit: float) -> str:
     """Blue for positive, orange-red for negative, white at 0; saturates at ±limit."""
     f = max(-1.0, min(1.0, v / limit)) if limit > 0 else 0.0
@@ -293,9 +296,11 @@ def heatmap(
     width: int = 480,
     height: int = 280,
     notes: dict[tuple[float, float], str] | None = None,
+    ties: Collection[tuple[float, float]] | None = None,
 ) -> str:
     """A grid coloured by a signed value (diverging around 0), each cell labelled with it;
-    `notes[(x, y)]` is added to that cell's tooltip."""
+    `notes[(x, y)]` is added to that cell's tooltip; the cells in `ties` (their value is not
+    distinguishable from 0) are drawn grey, whatever their value."""
     plot = Plot(width, height, (-0.5, len(x_values) - 0.5), (-0.5, len(y_values) - 0.5), title, x_label, y_label)
     limit = max((abs(v) for v in cells.values()), default=1.0) or 1.0
     for i, xv in enumerate(x_values):
@@ -305,7 +310,8 @@ def heatmap(
                 continue
             note = (notes or {}).get((xv, yv))
             tip = f"{x_label}={xv:g}, {y_label}={yv:g}: {v:+.3f}" + (f"; {note}" if note else "")
-            plot.rect(i - 0.5, j - 0.5, i + 0.5, j + 0.5, diverging(v, limit), tip=tip)
+            fill = TIE_FILL if (xv, yv) in (ties or ()) else diverging(v, limit)
+            plot.rect(i - 0.5, j - 0.5, i + 0.5, j + 0.5, fill, tip=tip)
             plot.text(i, j - 0.08, f"{v:+.2f}", anchor="middle", cls="cell")
     left, bottom = MARGIN["left"], height - MARGIN["bottom"]
     for i, xv in enumerate(x_values):

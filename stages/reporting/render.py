@@ -31,6 +31,7 @@ from stages.evaluation.comparison import (
     ordered,
     regime_note,
 )
+from stages.evaluation.evidence import Evidence, fmt_gap, gather, overfitting_flag
 from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
 from stages.reporting import figures
 from stages.reporting.phase_section import phase_section
@@ -55,19 +56,28 @@ two or more seeds; [brackets]: 95% bootstrap interval over test examples):
 - **type**: *generative* (argmax_y log p(x|y) + log p(y)) or *discriminative*; **selection**:
   the rule that picked the checkpoint (— when there was nothing to pick).
 - **ID acc** / **OOD acc**: accuracy on `test_id` / `test_ood`.
-- **worst-group acc**: the lowest accuracy over the (class, attribute) groups of `test_ood`.
+- **worst-group acc**: the lowest accuracy over the (class, attribute) groups of `test_ood`; the
+  header gives the split's smallest group (its size sets the steps: a group of 9 moves in 1/9).
+  The bootstrap interval is biased low (the worst of several noisy group accuracies is lower, on
+  average, than the worst true one) and collapses on a group at 0 or 1 (0 of 9 correct: [0, 0]);
+  *exact*: a Clopper–Pearson interval, simultaneous over the groups and seeds, which cannot.
 - **shortcut gap**: accuracy under the training group mix minus accuracy when the
   correlation is fully reversed (the two ends of the shift curve). **used shortcut**: *yes*
   when the gap's interval lies above 0.
 - **ECE**: expected calibration error on `test_ood`.
 - **eff. robustness**: OOD accuracy minus what the model's ID accuracy predicts from a
   reference family of standard models (`evaluate.er_reference`, named under each table): a
-  line fitted on logit axes through their (model, seed) points; *n/a* with fewer than 3.
-- **vs best**: worst-group accuracy minus the best model's, paired bootstrap over the same
-  test examples; *significant* only when its interval excludes 0.
-- **training**: *may be under-trained* when the model's own training objective on `val` still
-  improved by more than 1% over the last 20% of its epochs (at least 2), else *plateaued*; the
-  figure is that improvement (the largest over seeds). *n/a*: fitted without epochs.
+  line fitted on logit axes through their (model, seed) points; *n/a* with fewer than 3. Its
+  interval resamples the reference points and the test examples; the value has the decimals
+  its interval supports; *extrapolated*: the model's ID accuracy lies outside the reference
+  points', where the line was never fitted.
+- **vs best**: worst-group accuracy minus the highest model's, paired bootstrap over the same
+  test examples; *significant* only when its interval excludes 0, else *tied*: no model is
+  called best while another ties with it.
+- **training**: the plateau test of the model's own training objective on `val` (docs/metrics.md):
+  *may be under-trained* while it still falls, else *plateaued*; *may be over-fitting* when it
+  rises; the figure is the fitted change over the test's window (the largest over seeds).
+  *n/a*: fitted without epochs.
 
 Exact definitions: `docs/metrics.md`. Every seed and split is in `data/reports/leaderboard.parquet`.
 """
@@ -90,11 +100,24 @@ def _wrap(text: str, width: int) -> list[str]:
     return lines
 
 
+def supported_decimals(ci: Sequence[float] | None) -> int:
+    """The decimals an interval supports: the place of the first significant digit of its
+    half-width (0.4 -> 1, 0.04 -> 2), from 1 to 3; 1 without an interval."""
+    if not ci:
+        return 1
+    half = (ci[1] - ci[0]) / 2
+    return 1 if half >= 0.1 else 2 if half >= 0.01 else 3
+
+
 def _fmt_er(s: ModelSummary) -> str:
     if s.effective_robustness is None:
         return "n/a"
+    ci = s.effective_robustness_ci
+    d = supported_decimals(ci)
     sd = statistics.stdev(s.effective_robustness_seeds) if len(s.effective_robustness_seeds) > 1 else None
-    return f"{s.effective_robustness:+.3f}" + ("" if sd is None else f" ± {sd:.3f}")
+    text = f"{s.effective_robustness:+.{d}f}" + ("" if sd is None else f" ± {sd:.{d}f}")
+    text += f" [{ci[0]:+.{d}f}, {ci[1]:+.{d}f}]" if ci else " (no interval)"
+    return text + (" *extrapolated*" if s.extrapolated else "")
 
 
 def _convergence_cell(s: ModelSummary) -> str:
@@ -104,19 +127,25 @@ def _convergence_cell(s: ModelSummary) -> str:
     if not checked:
         return "n/a"
     flagged = [c for c in checked if c["flag"] == "may be under-trained"]
-    top = max(float(c["improvement"]) for c in checked)
+    top = max((float(c["improvement"]) for c in checked if c.get("improvement") is not None), default=0.0)
     how = f"improved {top:.1%}" if top > 0 else "no improvement"
     seeds = f", {len(flagged)}/{len(s.convergence)} seeds" if flagged and len(s.convergence) > 1 else ""
-    return f"**may be under-trained** ({how}{seeds})" if flagged else f"plateaued ({how})"
+    cell = f"**may be under-trained** ({how}{seeds})" if flagged else f"plateaued ({how})"
+    over = [f for f in (overfitting_flag(c) for c in checked) if f]
+    if over:  # a rising val objective: more epochs would not help, an earlier checkpoint might
+        cell += f"; **{over[0]}**" + (f" ({len(over)}/{len(s.convergence)} seeds)" if len(s.convergence) > 1 else "")
+    return cell
 
 
-def _fmt_vs_best(s: ModelSummary, best: str) -> str:
+def _fmt_vs_best(s: ModelSummary, best: str, tied: Sequence[str], tested: bool) -> str:
     if s.model == best:
-        return "best"
+        if not tested:
+            return "highest (untested: no paired bootstrap)"
+        return f"highest, **tied** with {', '.join(tied)}" if tied else "best"
     if s.vs_best is None:
         return "—"
     v = s.vs_best
-    verdict = "significant" if v["significant"] else "not significant"
+    verdict = "significant" if v["significant"] else "not significant: **tied**"
     return f"{v['diff']:+.3f}{_ci(v['ci'])} {verdict}"
 
 
@@ -131,16 +160,21 @@ def _shortcut_cell(s: ModelSummary) -> tuple[str, str]:
     )
 
 
-def _table_rows(summaries: list[ModelSummary], best: str) -> list[list[str]]:
+def _fmt_exact(ci: Sequence[float] | None) -> str:
+    return "" if not ci else f" exact [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _table_rows(summaries: list[ModelSummary], best: str, tied: Sequence[str]) -> list[list[str]]:
     rows = []
+    tested = any(s.vs_best is not None for s in summaries)
     for s in summaries:
         gap, used = _shortcut_cell(s)
         er = _fmt_er(s)
         rows.append(
             [
                 s.model, model_type(s.info), s.info.get("selection") or "—", _fmt(s.id_acc), _fmt(s.ood_acc),
-                _fmt(s.wga) + _ci(s.wga_ci), gap, used, _fmt(s.ece), er, _fmt_vs_best(s, best), _convergence_cell(s),
-                str(s.seeds),
+                _fmt(s.wga) + _ci(s.wga_ci) + _fmt_exact(s.wga_exact), gap, used, _fmt(s.ece), er,
+                _fmt_vs_best(s, best, tied, tested), _convergence_cell(s), str(s.seeds),
             ]
         )
     return rows
@@ -148,33 +182,46 @@ def _table_rows(summaries: list[ModelSummary], best: str) -> list[list[str]]:
 
 HEADER = ["model", "type", "selection", "ID acc", "OOD acc", "worst-group acc", "shortcut gap",
           "used shortcut", "ECE", "eff. robustness", "vs best (worst-group)", "training", "seeds"]
+WGA_COLUMN = HEADER.index("worst-group acc")
 
 
-def _takeaway(summaries: list[ModelSummary], best: str) -> str:
-    """Plain-language findings: the most robust model, who used the shortcut, what is significant."""
+def header(smallest: dict[str, int]) -> list[str]:
+    """HEADER with the test_ood split's smallest group beside its worst-group accuracy."""
+    out = list(HEADER)
+    if "test_ood" in smallest:
+        out[WGA_COLUMN] = f"worst-group acc (smallest group: {smallest['test_ood']})"
+    return out
+
+
+def _takeaway(summaries: list[ModelSummary], best: str, tied: Sequence[str], smallest: dict[str, int]) -> str:
+    """Plain-language findings: the most robust model (or the models tied with it), the largest
+    drop, who used the shortcut. A model is called best only when the paired bootstrap sets it
+    apart from every other one."""
     b = next(s for s in summaries if s.model == best)
-    text = f"**Takeaway:** best OOD worst-group accuracy: **{best}** ({b.mean('wga'):.3f})"
+    tested = [s for s in summaries if s.vs_best is not None]
+    wga = f"{b.mean('wga'):.3f}"
+    if len(summaries) == 1:
+        text = f"**Takeaway:** OOD worst-group accuracy of **{best}**: {wga}"
+    elif not tested:
+        text = f"**Takeaway:** highest OOD worst-group accuracy: {best} ({wga}; untested: no paired bootstrap without predictions)"
+    elif tied:
+        size = f" (smallest test_ood group: {smallest['test_ood']} examples)" if "test_ood" in smallest else ""
+        others = ", ".join(f"{s.model} ({s.mean('wga'):.3f})" for s in summaries if s.model in tied)
+        text = (f"**Takeaway:** no single best: the highest OOD worst-group accuracy, {best} ({wga}), is not "
+                f"distinguishable from {others} at this split's group sizes{size}")
+    else:
+        text = (f"**Takeaway:** best OOD worst-group accuracy: **{best}** ({wga}), ahead of every other model "
+                "(paired bootstrap, each interval excludes 0)")
     drops = {s.model: s.mean("id_acc") - s.mean("ood_acc") for s in summaries}
     worst = max(drops, key=lambda m: drops[m])
     if drops[worst] > 0:
         w = next(s for s in summaries if s.model == worst)
-        text += (
-            f"; largest ID→OOD drop: **{worst}** ({w.mean('id_acc'):.3f} → {w.mean('ood_acc'):.3f}, "
-            f"−{drops[worst]:.3f}), the classifier that used the shortcut most."
-        )
+        text += f"; largest ID→OOD drop: {worst} ({w.mean('id_acc'):.3f} → {w.mean('ood_acc'):.3f}, −{drops[worst]:.3f})."
     else:
         text += "; no model lost accuracy from ID to OOD."
     used = [s.model for s in summaries if s.used_shortcut]
     if any(s.shift for s in summaries):
         text += f" Used the shortcut (gap interval above 0): {', '.join(used) if used else 'none'}."
-    tested = [s for s in summaries if s.vs_best is not None]
-    if tested:
-        same = [s.model for s in tested if not s.vs_best["significant"]]
-        text += (
-            f" Not significantly worse than {best}: {', '.join(same)}."
-            if same
-            else f" Every other model is significantly worse than {best} (paired bootstrap)."
-        )
     return text
 
 
@@ -208,8 +255,8 @@ def objective_figure(dataset: str, summaries: list[ModelSummary]) -> tuple[list[
     pad = 0.05 * ((hi - lo) or 1.0)
     caption = ("Each trained model's own training objective on val (cross-entropy, denoising loss, NLL per token, ...) "
                "after every epoch, divided by its epoch-1 value, against the fraction of its epochs done (first seed). "
-               "A curve still falling over the last 20% of epochs (by more than 1%) is flagged 'may be under-trained' "
-               "in the table; closed-form models have no curve.")
+               "A curve the plateau test finds still falling over its last epochs is flagged 'may be under-trained' "
+               "in the table, one it finds rising 'may be over-fitting'; closed-form models have no curve.")
     chart = figures.line_chart(series, f"{dataset}: val objective during training", "fraction of training epochs",
                                "val objective / epoch 1", y_range=(lo - pad, hi + pad))
     return [(f"{dataset}-objective", caption, chart)], rows
@@ -396,6 +443,35 @@ def _intro_html() -> str:
     return "".join(html)
 
 
+EVIDENCE_HEADER = ["dataset", "replicates", "predicted (regime)", "OOD worst-group gap", "ID→OOD drop gap", "verdict",
+                   "smallest test group (ID / OOD)"]
+EVIDENCE_INTRO = (
+    "Per base dataset, the gap **generative − reference**: the mean over the generative models minus the mean over "
+    "the discriminative reference family (`evaluate.evidence_reference`), in OOD worst-group accuracy (> 0: higher for "
+    "the generative models where the shortcut breaks) and in the ID→OOD accuracy drop (< 0: they lose less), "
+    "per replicate — one (dataset, seed) run of every compared model; a dataset redrawn per seed counts each draw "
+    "as a replicate of its base — and averaged over them. [brackets]: 95% two-level bootstrap interval (replicates "
+    "resampled, then the test examples within each group). A verdict (a winner, and whether the regime "
+    "predicted it) only with 2 or more replicates and a worst-group interval that excludes 0; else **not "
+    "distinguishable**, with the seeds a power estimate asks for. Definitions: docs/metrics.md, \"Evidence over "
+    "replicates\"."
+)
+
+
+def evidence_section(evidence: dict[str, Evidence]) -> tuple[list[str], list[list[str]], list[str]]:
+    """(intro lines, table rows, one note per base dataset) of the report's evidence section."""
+    rows, notes = [], []
+    for base, e in evidence.items():
+        small = e.smallest_group
+        rows.append([base, str(len(e.replicates)), e.prediction or "none (regime not recorded)", fmt_gap(e.gap_worst_group),
+                     fmt_gap(e.gap_drop), e.verdict_text(), f"{small.get('test_id', '—')} / {small.get('test_ood', '—')}"])
+        families = (f"generative: {', '.join(e.generative) or 'none'}; reference: {', '.join(e.reference) or 'none'}"
+                    + (f" (not in this run: {', '.join(e.absent_reference)})" if e.absent_reference else ""))
+        datasets = "" if e.datasets == [base] else f" Replicates: {', '.join(e.datasets)}."
+        notes.append(f"**{base}** — {families}.{datasets} {e.note}".rstrip())
+    return [EVIDENCE_INTRO], rows, notes
+
+
 @dataclass
 class Report:
     """Everything `build_report` makes; run() writes it."""
@@ -414,11 +490,13 @@ def build_report(
     phase: list[dict[str, Any]] | None = None,
     boot: EvaluateConfig | None = None,
     regimes: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
+    bases: dict[str, str] | None = None,
 ) -> Report:
     """The report from the runs' metrics dicts, their predictions (`data`, optional) and phase cells.
 
     `regimes`: per dataset, its prepared file's (separation, separation_source) (`load_regime`);
-    a dataset without one says so.
+    a dataset without one says so. `bases`: per dataset, the base dataset it is a replicate of
+    (`replicate_base`; default itself): the evidence is per base dataset.
 
     Without `data` there are no intervals, paired tests, shift curves or reliability figures.
     Datasets and models appear in the order they first appear in `metrics` (run() passes the
@@ -435,14 +513,23 @@ def build_report(
     md = [INTRO, "Figures: open `report.html` (self-contained), or the SVG files in `figures/`.", ""]
     html = [f"<h1>shiftlab report</h1>{_intro_html()}"]
     summary: dict[str, Any] = {}
+    separations = {d: sep for d, (sep, _) in (regimes or {}).items()}
+    evidence = gather(metrics, data, boot, separations, bases)
+    intro, ev_rows, ev_notes = evidence_section(evidence)
+    title = "Generative vs discriminative: the evidence over replicates"
+    md += [f"## {title}", "", *intro, "", *_markdown_table(EVIDENCE_HEADER, ev_rows), "", *(f"- {n}" for n in ev_notes), ""]
+    html += [f"<h2>{escape(title)}</h2>", *(f"<p>{_md_inline(t)}</p>" for t in intro), _html_table(EVIDENCE_HEADER, ev_rows),
+             "<ul>" + "".join(f"<li>{_md_inline(n)}</li>" for n in ev_notes) + "</ul>"]
+    summary["_evidence"] = {base: e.summary() for base, e in evidence.items()}  # "_": no dataset is named so
     plots: dict[str, list[dict[str, Any]]] = {"id_vs_ood": [], "worst_group": [], "groups": [], "shift_curve": [], "reliability": [], "distill": []}
     svgs: dict[str, str] = {}
     for dataset in ordered([m["dataset"] for m in metrics]):
         runs = [m for m in metrics if m["dataset"] == dataset]
         summaries, extra = dataset_summaries(dataset, runs, data, boot)
-        best = extra["best"]
-        rows = _table_rows(summaries, best)
-        takeaway = _takeaway(summaries, best)
+        best, tied, smallest = extra["best"], extra["tied"], extra["smallest_group"]
+        rows = _table_rows(summaries, best, tied)
+        takeaway = _takeaway(summaries, best, tied, smallest)
+        head = header(smallest)
         figs, fig_rows = dataset_figures(dataset, summaries, int(runs[0]["n_attrs"]), extra["er"])
         for key, value in fig_rows.items():
             plots[key] += value
@@ -451,10 +538,16 @@ def build_report(
         plots.setdefault("objective", []).extend(objective_rows)
         er_note = extra["er"].note()
         sep, source = (regimes or {}).get(dataset, (None, None))
-        regime, regime_numbers = regime_note(sep, source, summaries, boot.er_reference)
-        md += [f"## {dataset}", "", regime, "", *_markdown_table(HEADER, rows), "", er_note, "", takeaway, ""]
-        html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", _html_table(HEADER, rows),
-                 f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
+        regime, regime_numbers = regime_note(sep, source, summaries, boot.evidence_reference)
+        e = evidence[(bases or {}).get(dataset, dataset)]
+        n = len(e.replicates)
+        regime += (f" **Evidence** over {n} replicate{'s' if n != 1 else ''} of {e.base}: worst-group gap "
+                   f"{fmt_gap(e.gap_worst_group)}, {e.verdict_text()} (the evidence section above).")
+        groups = (f"Smallest group: test_id {smallest['test_id']}, test_ood {smallest['test_ood']} examples "
+                  "(a worst-group accuracy moves in steps of 1/size).")
+        md += [f"## {dataset}", "", regime, "", groups, "", *_markdown_table(head, rows), "", er_note, "", takeaway, ""]
+        html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", f"<p>{_md_inline(groups)}</p>",
+                 _html_table(head, rows), f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
         pairs = distill_pairs(summaries)
         if pairs:
             cost_header = ["model", "role", "ID acc", "OOD acc", "OOD worst-group", "parameters", "multiply-adds / example"]
@@ -476,13 +569,17 @@ def build_report(
                 "test_ood_acc": s.mean("ood_acc"),
                 "test_ood_worst_group_acc": s.mean("wga"),
                 **({"test_ood_worst_group_acc_ci": s.wga_ci} if s.wga_ci is not None else {}),
+                **({"test_ood_worst_group_acc_exact": s.wga_exact} if s.wga_exact is not None else {}),
                 **({"effective_robustness": s.effective_robustness} if s.effective_robustness is not None else {}),
+                **({"effective_robustness_ci": s.effective_robustness_ci} if s.effective_robustness_ci is not None else {}),
+                **({"effective_robustness_extrapolated": s.extrapolated} if s.effective_robustness is not None else {}),
                 **({"shortcut_gap": s.shift["gap"]} if s.shift.get("gap") is not None else {}),
             }
             for s in summaries
         }
         if regime_numbers:  # "_regime" cannot clash with a model: names come from conf/ keys
             summary[dataset]["_regime"] = regime_numbers
+        summary[dataset]["_smallest_group"] = smallest
         for s in summaries:
             plots["worst_group"].append({"dataset": dataset, "model": s.model, "worst_group_acc": s.mean("wga")})
         plots["id_vs_ood"] += [

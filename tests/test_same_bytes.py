@@ -1,0 +1,75 @@
+"""Two machines in one: the stages write the same bytes whatever CPU code paths, thread counts
+and cores the environment they start in would give them (stages/core/numerics.py).
+
+Each run is a chain of fresh stage processes on a small gaussian_shortcut (`experiment=tiny`):
+prepare, train erm, lda, diffusion and dfr (on erm's features), evaluate each, report. One run
+starts from a plain environment on this machine; the other from an environment that imitates a
+lesser machine — PyTorch's generic kernels (`ATEN_CPU_CAPABILITY=default`), MKL and oneDNN capped
+at SSE4.2, OpenBLAS's oldest x86-64 kernels, four OpenMP/BLAS threads and one core of affinity.
+Before the stages pinned their code paths, the second run's erm weights (PyTorch's kernels) and
+lda weights (MKL's float64 LAPACK) differed from the first's, and with them every file after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import project_env
+
+REPO = Path(__file__).resolve().parents[1]
+DS = "gaussian_shortcut"
+pytestmark = [pytest.mark.slow]
+
+LESSER_MACHINE = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "DNNL_MAX_CPU_ISA": "SSE41",
+    "OPENBLAS_CORETYPE": "Prescott",
+    "OMP_NUM_THREADS": "4",
+    "OPENBLAS_NUM_THREADS": "4",
+    "MKL_NUM_THREADS": "4",
+}
+
+
+def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]:
+    """The stages, each in a fresh process; {output file: sha256} of everything they wrote."""
+    shutil.copytree(REPO / "conf", root / "conf")
+    params = root / "params.yaml"
+    steps = [
+        ["stages.core.config", "compose", "--params", str(params), "experiment=tiny", f"run.datasets=[{DS}]",
+         "run.methods=[erm,lda,diffusion,dfr]", "run.teachers=[]"],
+        ["stages.prepare", DS],
+        *(["stages.train", DS, m, "0"] for m in ("erm", "lda", "diffusion", "dfr")),
+        *(["stages.evaluate", DS, m, "0"] for m in ("erm", "lda", "diffusion", "dfr")),
+        ["stages.report"],
+    ]
+    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one_core and shutil.which("taskset") else []
+    for step in steps:
+        cmd = [*pin, sys.executable, "-m", *step, *(["--params", str(params)] if step[0] != "stages.core.config" else [])]
+        proc = subprocess.run(cmd, cwd=root, env={**env, "PYTHONPATH": str(REPO)}, text=True, capture_output=True, timeout=600)
+        assert proc.returncode == 0, f"{' '.join(step)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "data").rglob("*")) if p.is_file()
+    }
+
+
+def test_the_stages_write_the_same_bytes_on_a_lesser_machine(tmp_path: Path) -> None:
+    plain = project_env()
+    for key in (*LESSER_MACHINE, "SHIFTLAB_NATIVE_CPU"):
+        plain.pop(key, None)
+    here = run_chain(tmp_path / "here", plain, one_core=False)
+    there = run_chain(tmp_path / "there", {**plain, **LESSER_MACHINE}, one_core=True)
+    models = [f for f in here if f.endswith("model.safetensors")]
+    assert len(models) == 4 and any(f.endswith("report.html") for f in here)
+    differ = sorted(f for f in here if here[f] != there.get(f))
+    assert not differ and set(here) == set(there), differ
