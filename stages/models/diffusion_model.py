@@ -45,7 +45,7 @@ is then exactly its full-scoring score (same draws); a pruned class keeps its co
 capped just below the lowest kept score so the prediction is always a kept class. Network
 evaluations per example: K·S₁ + k·(S − S₁) instead of K·S.
 
-Sequential elimination (`stop_se` k > 0; exclusive with `prune_keep`), per example: every
+Sequential elimination (`stop_se` k > 0; `prune_keep` > 0 takes its place), per example: every
 class is scored on the first `stop_first` draws, then rounds of `stop_every` more draws go to
 the classes still in. After each round, with d_s(y) = v_s(y) − v_s(ℓ) the paired per-draw
 differences to the leader ℓ (lowest mean over the draws so far; v_s = e_s, or T·w(t_s)·e_s
@@ -337,11 +337,8 @@ class DiffusionClassifier(nn.Module):
                 f"and prune_keep < n_classes ({self.prune_keep}, {self.n_classes})"
             )
         self.stop_se, self.stop_first, self.stop_every = float(stop_se), int(stop_first), int(stop_every)
-        if self.stop_se and (self.prune_keep or not 2 <= self.stop_first <= self.draws or self.stop_every < 1):
-            raise ValueError(
-                f"sequential elimination needs prune_keep 0 ({self.prune_keep}), 2 <= stop_first <= draws "
-                f"({self.stop_first}, {self.draws}) and stop_every >= 1 ({self.stop_every})"
-            )
+        if self.stop_se and (self.stop_first < 2 or self.stop_every < 1):
+            raise ValueError(f"sequential elimination needs stop_first >= 2 ({self.stop_first}) and stop_every >= 1 ({self.stop_every})")
         self.score_seed, self.score_rows = int(score_seed), int(score_rows)
         self.standardize = Standardize(self.in_dim)
         # The mlp and conv nets always have the null class's row; the UNet only when trained
@@ -517,7 +514,7 @@ class DiffusionClassifier(nn.Module):
         n, k, s = len(z), self.n_classes, t.shape[1]
         every = torch.arange(k, device=z.device).expand(n, k)
         prior = self.score_prior()
-        if self.stop_se and s == self.draws and s > self.stop_first:  # not the select_draws scoring
+        if self.stop_se and not self.prune_keep and s == self.draws and s > self.stop_first:  # not select_draws scoring
             return self.score_sequential(z, t, eps)
         if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
             err = self.errors(z, t, eps, every)
