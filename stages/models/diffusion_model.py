@@ -164,10 +164,14 @@ class _Conditioning(nn.Module):
         self.register_buffer("features", timestep_features(steps), persistent=False)
         self.time_mlp = nn.Sequential(nn.Linear(TIME_FEATURES, width), nn.SiLU(), nn.Linear(width, width))
         self.class_embedding = nn.Embedding(n_classes + 1, width)
+        # While scoring (no gradients, fixed weights) the table is computed once per `score` call,
+        # not once per forward: sequential elimination makes many small forwards.
+        self.table: torch.Tensor | None = None
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The time MLP runs once over the T + 1 table, then rows index it.
-        return self.time_mlp(self.features)[t] + self.class_embedding(y)
+        table = self.time_mlp(self.features) if self.table is None else self.table
+        return table[t] + self.class_embedding(y)
 
 
 class MLPDenoiser(nn.Module):
@@ -591,6 +595,9 @@ class DiffusionClassifier(nn.Module):
         chunk = max(1, self.score_rows // (self.n_classes * s))
         was_training = self.training
         self.eval()
+        cond = getattr(self.denoiser, "cond", None)
+        if isinstance(cond, _Conditioning):
+            cond.table = cond.time_mlp(cond.features)
         try:
             logits = np.empty((len(x), self.n_classes), dtype=np.float32)
             loglik = np.empty(len(x), dtype=np.float64)
@@ -604,6 +611,8 @@ class DiffusionClassifier(nn.Module):
                 loglik[i : i + len(z)] = self.elbo_loglik(z, elbo)
             return logits, loglik, rows
         finally:
+            if isinstance(cond, _Conditioning):
+                cond.table = None
             self.train(was_training)
 
     def elbo_loglik(self, z: torch.Tensor, elbo: torch.Tensor) -> np.ndarray:
