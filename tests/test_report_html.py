@@ -125,7 +125,8 @@ def test_report_is_self_contained(html_file: Path) -> None:
     # No reference that could reach the network: only the SVG namespace URI mentions http.
     assert not re.search(r'(src|href)\s*=\s*"(?!data:|#)', html)
     assert "default-src 'none'" in html  # and the page forbids it anyway (CSP)
-    for name in ("toy-groups", "toy-shift", "toy-reliability", "toy-id-vs-ood", "toy-distill", "phase-0", "phase-0-lines"):
+    for name in ("toy-groups", "toy-shift", "toy-reliability", "toy-id-vs-ood", "toy-distill", "students-retention-vs-cost", "phase-0",
+                 "phase-0-lines"):
         assert f'id="fig-{name}"' in html, name
 
 
@@ -135,7 +136,8 @@ def test_report_loads_in_chromium_without_errors_and_figures_have_size(html_file
     assert plain.returncode == 0, plain.stderr[-2000:]
     console = [ln for ln in plain.stderr.splitlines() if "CONSOLE" in ln or "Refused to" in ln]
     assert not console, console
-    assert plain.stdout.count("<figure") == 8  # 6 for the dataset + 2 for the phase panel (heatmap, lines)
+    # 6 for the dataset + 1 for the students (retention vs cost) + 2 for the phase panel (heatmap, lines)
+    assert plain.stdout.count("<figure") == 9
 
     # 2. With a probe script (the copy's CSP allows inline scripts): sizes and errors after load.
     probed = tmp_path / "probed.html"
@@ -147,7 +149,7 @@ def test_report_loads_in_chromium_without_errors_and_figures_have_size(html_file
     assert match, run.stdout[-2000:]
     probe = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert probe["errors"] == []
-    assert len(probe["figs"]) == 8
+    assert len(probe["figs"]) == 9
     for fig in probe["figs"]:
         assert fig["w"] > 100 and fig["h"] > 100 and fig["marks"] > 0, fig
 

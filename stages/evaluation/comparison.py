@@ -537,3 +537,31 @@ def load_regime(dataset: str) -> tuple[dict[str, Any] | None, str | None]:
         return parse_separation(meta.get("separation")), meta.get("separation_source")
     except ValueError as e:
         raise ArtifactError(f"{path}: {e}") from None
+
+
+def student_numbers(
+    teacher: ModelSummary, student: ModelSummary, data: dict[tuple[str, str, int], RunData] | None, dataset: str
+) -> dict[str, float | None]:
+    """What a distilled student kept of its teacher (docs/metrics.md, `_students`).
+
+    wga_retention: student OOD worst-group accuracy / teacher's (seed means; None when the
+    teacher's is 0). cost_ratio: student multiply-adds per example / teacher's, both as evaluate
+    counted them while scoring (`cost.macs_per_example`: every scoring pass of the teacher, with
+    what its adaptive scoring actually ran; None without costs). agreement: fraction of test_ood
+    examples on which their predictions agree, mean over the seeds both have (None without predictions).
+    """
+    t_wga, s_wga = teacher.mean("wga"), student.mean("wga")
+    retention = s_wga / t_wga if t_wga > 0 else None
+    t_macs = (teacher.cost or {}).get("macs_per_example")
+    s_macs = (student.cost or {}).get("macs_per_example")
+    cost_ratio = float(s_macs) / float(t_macs) if t_macs and s_macs is not None else None
+    agreement = None
+    seeds = [k for k in student.seed_ids if k in set(teacher.seed_ids)]
+    if data is not None and seeds:
+        agree = []
+        for k in seeds:
+            t, s = data[(dataset, teacher.model, k)], data[(dataset, student.model, k)]
+            ood = t.split == "test_ood"
+            agree.append(float((t.logits[ood].argmax(1) == s.logits[ood].argmax(1)).mean()))
+        agreement = statistics.fmean(agree)
+    return fixed_precision({"wga_retention": retention, "cost_ratio": cost_ratio, "agreement": agreement})

@@ -34,6 +34,13 @@ class DiffusionConfig(GenerativeFitConfig):
     select_draws: int = option("draws per example when scoring the splits for checkpoint selection")
     prune_keep: int = option("adaptive pruning: classes kept after the first prune_draws draws (0 = off)")
     prune_draws: int = option("draws that score every class before pruning")
+    stop_se: float = option(
+        "sequential elimination (per example): drop a class once its paired mean error difference to the "
+        "leader exceeds stop_se standard errors; stop when one class is left or at `draws` (0 = off; "
+        "prune_keep > 0 takes its place; draws <= stop_first scores every class on every draw)"
+    )
+    stop_first: int = option("sequential elimination: draws every class gets before the first test (>= 2)")
+    stop_every: int = option("sequential elimination: draws per round after the first test")
     score_seed: int = option("seed of the scoring draws (scores depend only on it, the model and x)")
     score_rows: int = option("denoiser rows per scoring forward pass (memory; fixes the draw chunks)")
 
@@ -57,6 +64,10 @@ class DiffusionConfig(GenerativeFitConfig):
         if self.prune_keep:
             c.require(1 <= self.prune_draws < self.draws, "prune_draws",
                       f"must be in [1, draws={self.draws}) when prune_keep > 0, got {self.prune_draws}")
+        c.require(self.stop_se >= 0, "stop_se", f"must be >= 0 (0 = no sequential elimination), got {self.stop_se}")
+        if self.stop_se:
+            c.require(self.stop_first >= 2, "stop_first", f"must be >= 2 when stop_se > 0 (a standard error needs 2 draws), got {self.stop_first}")
+            c.require(self.stop_every >= 1, "stop_every", f"must be >= 1, got {self.stop_every}")
         c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
 
     def check_data(self, key: str, n_classes: int, shape: list[int] | None = None) -> None:

@@ -45,6 +45,26 @@ is then exactly its full-scoring score (same draws); a pruned class keeps its co
 capped just below the lowest kept score so the prediction is always a kept class. Network
 evaluations per example: K·S₁ + k·(S − S₁) instead of K·S.
 
+Sequential elimination (`stop_se` k > 0; `prune_keep` > 0 takes its place), per example: every
+class is scored on the first `stop_first` draws, then rounds of `stop_every` more draws go to
+the classes still in. After each round, with d_s(y) = v_s(y) − v_s(ℓ) the paired per-draw
+differences to the leader ℓ (lowest mean over the draws so far; v_s = e_s, or T·w(t_s)·e_s
+with `elbo`) over the m draws so far, a class y ≠ ℓ is dropped once
+
+    mean_s d_s(y) > k · sd_s d_s(y) · √((1 − m/S) / m)
+
+— its mean error exceeds the leader's by k standard errors of the mean over all S draws given
+these m (a finite-population correction: what the test settles is full scoring's decision,
+which adaptive scoring must agree with). Shared draws make the paired differences far less
+variable than either error. An example stops when one class is left, or at S draws. Classes
+never dropped get exactly their full-scoring scores; a dropped class keeps its score over the
+draws it had, capped below every class left, so the prediction is always a class left.
+Network evaluations are counted per (example, class, draw) actually run (`score`'s third
+value). This is a sequential test in the spirit of Li et al.'s `eval_prob_adaptive` rounds
+(which keep a fixed top-k per round, as `prune_keep` does): a per-example, per-class stop
+instead of fixed keep counts; only the stored `draws` scoring uses it, `select_draws` scoring
+during training scores every class.
+
 `log_likelihood(x)` = log Σ_y exp(ELBO(x, y) + log π_y): the ELBO-weighted estimate of the
 same draws plus the prior and decoder constants, in raw (unstandardised) units — a
 stochastic lower-bound estimate of log p(x), comparable across examples of one model.
@@ -144,10 +164,14 @@ class _Conditioning(nn.Module):
         self.register_buffer("features", timestep_features(steps), persistent=False)
         self.time_mlp = nn.Sequential(nn.Linear(TIME_FEATURES, width), nn.SiLU(), nn.Linear(width, width))
         self.class_embedding = nn.Embedding(n_classes + 1, width)
+        # While scoring (no gradients, fixed weights) the table is computed once per `score` call,
+        # not once per forward: sequential elimination makes many small forwards.
+        self.table: torch.Tensor | None = None
 
     def forward(self, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The time MLP runs once over the T + 1 table, then rows index it.
-        return self.time_mlp(self.features)[t] + self.class_embedding(y)
+        table = self.time_mlp(self.features) if self.table is None else self.table
+        return table[t] + self.class_embedding(y)
 
 
 class MLPDenoiser(nn.Module):
@@ -296,6 +320,9 @@ class DiffusionClassifier(nn.Module):
         unet_attention: list[bool] | None = None,
         unet_norm_groups: int = 8,
         null_class: bool = True,
+        stop_se: float = 0.0,
+        stop_first: int = 2,
+        stop_every: int = 1,
     ) -> None:
         super().__init__()
         self.in_dim, self.n_classes = int(in_dim), int(n_classes)
@@ -313,6 +340,9 @@ class DiffusionClassifier(nn.Module):
                 f"pruning needs 1 <= prune_draws < draws ({self.prune_draws}, {self.draws}) "
                 f"and prune_keep < n_classes ({self.prune_keep}, {self.n_classes})"
             )
+        self.stop_se, self.stop_first, self.stop_every = float(stop_se), int(stop_first), int(stop_every)
+        if self.stop_se and (self.stop_first < 2 or self.stop_every < 1):
+            raise ValueError(f"sequential elimination needs stop_first >= 2 ({self.stop_first}) and stop_every >= 1 ({self.stop_every})")
         self.score_seed, self.score_rows = int(score_seed), int(score_rows)
         self.standardize = Standardize(self.in_dim)
         # The mlp and conv nets always have the null class's row; the UNet only when trained
@@ -369,6 +399,8 @@ class DiffusionClassifier(nn.Module):
             "prune_draws": self.prune_draws, "prune_keep": self.prune_keep,
             "score_seed": self.score_seed, "score_rows": self.score_rows,
         }
+        if self.stop_se:  # (off: the arch stays as it was, same bytes on disk)
+            out.update(stop_se=self.stop_se, stop_first=self.stop_first, stop_every=self.stop_every)
         if self.denoiser_kind == "unet":  # (the mlp and conv arch stays as it was: same bytes on disk)
             del out["width"], out["depth"]
             out.update(network=UNET_NETWORK, **self.unet, null_class=self.null_class)
@@ -383,7 +415,8 @@ class DiffusionClassifier(nn.Module):
         return cls(**{k: v for k, v in arch.items() if k not in ("kind", "network")})
 
     def rows_per_example(self) -> int:
-        """Denoiser evaluations to score one example against every class (with pruning if on)."""
+        """Denoiser evaluations to score one example against every class (with pruning if on; with
+        sequential elimination, which depends on the example, the most it can use: K·S)."""
         k, s = self.n_classes, self.draws
         if self.prune_keep and self.prune_keep < k and s > self.prune_draws:
             return k * self.prune_draws + self.prune_keep * (s - self.prune_draws)
@@ -485,6 +518,8 @@ class DiffusionClassifier(nn.Module):
         n, k, s = len(z), self.n_classes, t.shape[1]
         every = torch.arange(k, device=z.device).expand(n, k)
         prior = self.score_prior()
+        if self.stop_se and not self.prune_keep and s == self.draws and s > self.stop_first:  # not select_draws scoring
+            return self.score_sequential(z, t, eps)
         if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
             err = self.errors(z, t, eps, every)
             joint = self.weighted(err, t, self.weighting) + prior
@@ -501,6 +536,52 @@ class DiffusionClassifier(nn.Module):
         elbo = self.weighted(err1, t[:, :s1], "elbo").scatter_(1, kept, self.weighted(err_kept, t, "elbo"))
         return logits, elbo, n * k * s1 + n * keep * (s - s1)
 
+    def score_sequential(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """`score_draws` with sequential elimination (`stop_se` k > 0; the module docstring)."""
+        n, k, s, d = len(z), self.n_classes, t.shape[1], z.shape[1]
+        device = z.device
+        w = self.steps * self.elbo_w[t] if self.weighting == "elbo" else torch.ones_like(t, dtype=torch.float64)
+        err = torch.zeros(n, k, s, dtype=torch.float32, device=device)
+        used = torch.zeros(n, k, dtype=torch.long, device=device)  # draws each (example, class) has been scored on
+        alive = torch.ones(n, k, dtype=torch.bool, device=device)
+        classes = torch.arange(k, device=device)
+        rows, lo = 0, 0
+        while lo < s:
+            hi = min(s, self.stop_first if lo == 0 else lo + self.stop_every)
+            live = alive & (alive.sum(1, keepdim=True) > 1) if lo else alive
+            ex, cls = live.nonzero(as_tuple=True)  # row-major: example, then class (deterministic)
+            if not len(ex):
+                break
+            r = hi - lo
+            tt, ee = t[ex, lo:hi], eps[ex, lo:hi]
+            z_t = self.noisy_inputs(z[ex], tt, ee)
+            eps_hat = self.denoiser(z_t.reshape(-1, d), tt.reshape(-1), cls.repeat_interleave(r)).view(len(ex), r, d)
+            err[ex, cls, lo:hi] = (eps_hat - ee).square_().sum(-1)
+            used[ex, cls] = hi
+            rows += len(ex) * r
+            # The test: paired differences of the weighted errors to the leader over the draws so far.
+            v = err[:, :, :hi].double() * w[:, None, :hi]
+            mean = v.mean(-1).masked_fill(~alive, math.inf)
+            leader = mean.argmin(1)
+            diff = v - v[torch.arange(n, device=device), leader].unsqueeze(1)
+            # Standard error of the mean over all S draws given these hi of them (finite-population
+            # correction): the test settles full scoring's decision, which is what it must agree with.
+            bound = self.stop_se * diff.std(-1) * math.sqrt((1 - hi / s) / hi)
+            drop = live & (diff.mean(-1) > bound) & (classes != leader[:, None])
+            alive &= ~drop
+            lo = hi
+        mask = torch.arange(s, device=device) < used.unsqueeze(-1)  # (n, k, s): the draws each class used
+        count = used.clamp(min=1).double()
+        score = -(err.double() * w[:, None, :] * mask).sum(-1) / count
+        elbo = -self.steps * (err.double() * self.elbo_w[t].unsqueeze(1) * mask).sum(-1) / count
+        prior = self.score_prior()
+        logits = (score + prior).float()
+        # An eliminated class keeps its score over the draws it had, capped below every class left.
+        left = logits.masked_fill(~alive, math.inf).min(1).values
+        cap = torch.nextafter(left, torch.tensor(-math.inf, device=device))
+        logits = torch.where(alive, logits, torch.minimum(logits, cap[:, None]))
+        return logits, elbo, rows
+
     @torch.no_grad()
     def score(self, x: np.ndarray | torch.Tensor, draws: int | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """(logits float32 (n, K), log-likelihood float64 (n,), network rows evaluated) of raw inputs.
@@ -514,6 +595,9 @@ class DiffusionClassifier(nn.Module):
         chunk = max(1, self.score_rows // (self.n_classes * s))
         was_training = self.training
         self.eval()
+        cond = getattr(self.denoiser, "cond", None)
+        if isinstance(cond, _Conditioning):
+            cond.table = cond.time_mlp(cond.features)
         try:
             logits = np.empty((len(x), self.n_classes), dtype=np.float32)
             loglik = np.empty(len(x), dtype=np.float64)
@@ -527,6 +611,8 @@ class DiffusionClassifier(nn.Module):
                 loglik[i : i + len(z)] = self.elbo_loglik(z, elbo)
             return logits, loglik, rows
         finally:
+            if isinstance(cond, _Conditioning):
+                cond.table = None
             self.train(was_training)
 
     def elbo_loglik(self, z: torch.Tensor, elbo: torch.Tensor) -> np.ndarray:
@@ -579,6 +665,8 @@ def build_classifier(prepared: Any, cfg: Any, key: str = "method.diffusion") -> 
         cfg.channels if denoiser == "conv" else cfg.width, cfg.depth,
         cfg.steps, cfg.schedule, cfg.weighting, cfg.draws, cfg.prune_draws, cfg.prune_keep, cfg.score_seed,
         cfg.score_rows, **unet,
+        **({"stop_se": cfg.stop_se, "stop_first": cfg.stop_first, "stop_every": cfg.stop_every}
+           if getattr(cfg, "stop_se", 0) else {}),
     )
     if denoiser == "unet" and cfg.weights is not None:
         model.init_weights = load_unet_weights(model.denoiser.unet, cfg.weights, f"{key}.weights")

@@ -351,3 +351,36 @@ def category_lines(
                     labels=[f"{s['label']}, {x_names[x]}: {y:.3f}" for x, y in shown])
     plot.legend(legend)
     return plot.svg(title)
+
+
+def log_x_scatter(
+    points: Sequence[dict[str, Any]], title: str, x_label: str, y_label: str,
+    guides: tuple[float | None, float | None] = (None, None), width: int = 480, height: int = 300,
+) -> str:
+    """Points {x (> 0), y, label, series} on a log10 x axis (decade ticks), coloured by series;
+    `guides` (x, y) draw dashed reference lines (e.g. a goal's corner)."""
+    pts = [p for p in points if p["x"] is not None and p["x"] > 0 and p["y"] is not None]
+    gx, gy = guides
+    lx = [math.log10(p["x"]) for p in pts] + ([math.log10(gx)] if gx else [])
+    ys = [p["y"] for p in pts] + ([gy] if gy is not None else [])
+    x_lo, x_hi = (math.floor(min(lx)), math.ceil(max(lx))) if lx else (-3, 0)
+    x_hi = max(x_hi, x_lo + 1)
+    y_lo, y_hi = min([0.0, *ys]), max([1.0, *ys]) + 0.05
+    plot = Plot(width, height, (x_lo, x_hi), (y_lo, y_hi), title, x_label, y_label)
+    plot.axes(x_ticks=[float(d) for d in range(x_lo, x_hi + 1)])
+    # The x ticks sit at log10 positions: label them as the powers of ten they stand for.
+    for i, part in enumerate(plot.parts):
+        if 'class="tick" text-anchor="middle"' in part:
+            for d in range(x_lo, x_hi + 1):
+                part = part.replace(f">{_label(float(d))}</text>", f">1e{d}</text>")
+            plot.parts[i] = part
+    if gx:
+        plot.line([math.log10(gx)] * 2, [y_lo, y_hi], "#bbbbbb", dash="2 3", width=1.0, label=f"cost ratio {gx:g}")
+    if gy is not None:
+        plot.line([x_lo, x_hi], [gy, gy], "#bbbbbb", dash="2 3", width=1.0, label=f"retention {gy:g}")
+    names = list(dict.fromkeys(p["series"] for p in pts))
+    for i, name in enumerate(names):
+        mine = [p for p in pts if p["series"] == name]
+        plot.points([math.log10(p["x"]) for p in mine], [p["y"] for p in mine], color(i), r=4.5, labels=[p["label"] for p in mine])
+    plot.legend([(n, color(i), "") for i, n in enumerate(names)])
+    return plot.svg(title)

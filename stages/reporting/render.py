@@ -30,11 +30,14 @@ from stages.evaluation.comparison import (
     model_type,
     ordered,
     regime_note,
+    student_numbers,
 )
 from stages.evaluation.evidence import Evidence, fmt_gap, gather, overfitting_flag
 from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
 from stages.reporting import figures
 from stages.reporting.phase_section import phase_section
+from stages.reporting.students import HEADER as STUDENTS_HEADER
+from stages.reporting.students import students_section
 
 
 def _fmt(values: list[float]) -> str:
@@ -523,6 +526,7 @@ def build_report(
     summary["_evidence"] = {base: e.summary() for base, e in evidence.items()}  # "_": no dataset is named so
     plots: dict[str, list[dict[str, Any]]] = {"id_vs_ood": [], "worst_group": [], "groups": [], "shift_curve": [], "reliability": [], "distill": []}
     svgs: dict[str, str] = {}
+    student_rows: list[dict[str, Any]] = []
     for dataset in ordered([m["dataset"] for m in metrics]):
         runs = [m for m in metrics if m["dataset"] == dataset]
         summaries, extra = dataset_summaries(dataset, runs, data, boot)
@@ -549,6 +553,14 @@ def build_report(
         html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", f"<p>{_md_inline(groups)}</p>",
                  _html_table(head, rows), f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
         pairs = distill_pairs(summaries)
+        # "Beats ERM": the first model of the standard-ERM reference family (evaluate.er_reference).
+        base = next((s for s in summaries if boot.er_reference and s.model == boot.er_reference[0]), None)
+        for t, st in pairs:
+            kept = student_numbers(t, st, data, dataset)
+            summary.setdefault("_students", {}).setdefault(dataset, {})[st.model] = kept
+            student_rows.append({"dataset": dataset, "student": st.model, "teacher_wga": t.mean("wga"),
+                                 "student_wga": st.mean("wga"), "baseline": base.model if base else None,
+                                 "baseline_wga": base.mean("wga") if base else None, **kept})
         if pairs:
             cost_header = ["model", "role", "ID acc", "OOD acc", "OOD worst-group", "parameters", "multiply-adds / example"]
             cost_rows = [
@@ -587,6 +599,14 @@ def build_report(
              "id_acc": m["splits"]["test_id"]["acc"], "ood_acc": m["splits"]["test_ood"]["acc"]}
             for m in runs
         ]
+    if student_rows:
+        text, rows, figs = students_section(student_rows)
+        md += ["## Distilled students: robustness kept at what cost", "", text, "", *_markdown_table(STUDENTS_HEADER, rows), ""]
+        html += ["<h2>Distilled students: robustness kept at what cost</h2>", f"<p>{_md_inline(text)}</p>",
+                 _html_table(STUDENTS_HEADER, rows), _html_figures(figs)]
+        for name, cap, svg in figs:
+            svgs[name] = svg
+            md += [f"![{cap}](figures/{name}.svg)", ""]
     if phase:
         text, figs = phase_section(phase)
         md += ["## Phase diagram: generative vs discriminative", "", text, ""]

@@ -1,0 +1,143 @@
+"""Diffusion classifier scoring: full vs sequential elimination, on the same trained models.
+
+    python -m benchmarks.bench_scoring [--quick]
+
+Full scoring runs every class on every (t, ε) draw (K·S network evaluations per example);
+adaptive scoring is the same model with `method.diffusion` sequential elimination
+(`stop_se`, `stop_first`, `stop_every`: conf/method/diffusion.yaml's defaults unless given) on the
+same draws. Network evaluations are counted exactly (`DiffusionClassifier.score`: one per
+example, class and draw run); agreement is the fraction of examples whose predicted class
+is the same. Wall times are medians of interleaved runs at the stages' thread count.
+
+Models:
+- digits10 — the scikit-learn digits colored_digits is made from, with their 10 labels
+  (colored_digits itself is 2-class: digit < 5), trained here with the project's own
+  `train_diffusion` (MLP denoiser, the default scoring keys); scored on its held-out half.
+  The harder case (10 classes), so the last line.
+- colored_digits, gaussian_shortcut — the checked-out default models
+  (data/models/<dataset>/diffusion/seed=0), 2 classes, scored on their non-train rows.
+
+The last line reads `scoring: <ratio>x network evaluations of full scoring at <agreement>
+agreement (digits10, <n> examples)` at the default 32 draws; digits10 is also scored at 64 draws
+(full and adaptive both), where the first round's share of the work halves. --quick: fewer gaussian_shortcut rows and 1 timing repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def digits10_model(epochs: int) -> tuple[Any, np.ndarray]:
+    """A 10-class diffusion classifier trained on half of the scikit-learn digits, and the other half."""
+    from benchmarks.bench_diffusion import digits10
+    from stages.core.config import defaults
+    from stages.models.diffusion_model import train_diffusion
+
+    prepared = digits10()
+    base = defaults("method", "diffusion")
+    cfg = types.SimpleNamespace(**{**vars(base), "denoiser": "mlp", "epochs": epochs, "eval_every": epochs, "patience": 0,
+                                   "selection": "val_avg", "select_draws": 4})
+    model, _ = train_diffusion(prepared, cfg, seed=0)
+    return model.eval(), prepared.x[prepared.split != "train"]
+
+
+def checked_out_model(dataset: str, limit: int | None) -> tuple[Any, np.ndarray]:
+    """The default run's trained diffusion model of `dataset` and its non-train inputs."""
+    from stages.core.artifacts import model_dir, prepared_path, read_prepared
+    from stages.models import load_model
+
+    prepared = read_prepared(prepared_path(dataset))
+    x = prepared.x[prepared.split != "train"]
+    return load_model(model_dir(dataset, "diffusion", 0)), x[:limit] if limit else x
+
+
+def with_scoring(model: Any, **keys: Any) -> Any:
+    """The same weights under other scoring keys (prune_keep 0: full or sequential)."""
+    from stages.models.diffusion_model import DiffusionClassifier
+
+    other = DiffusionClassifier.from_arch({**model.arch(), "prune_keep": 0, **keys})
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def compare(model: Any, x: np.ndarray, se: float, first: int, every: int, repeats: int, draws: int | None = None) -> dict[str, float]:
+    """Evaluations, agreement and wall time of sequential vs full scoring of `x` (at `draws`, default the model's)."""
+    s = {"draws": draws} if draws else {}
+    full_model = with_scoring(model, stop_se=0.0, **s)
+    fast_model = with_scoring(model, stop_se=se, stop_first=first, stop_every=every, **s)
+    full, _, rows_full = full_model.score(x)
+    fast, _, rows_fast = fast_model.score(x)
+    times: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for m, ts in zip((full_model, fast_model), times, strict=True):
+            t0 = time.perf_counter()
+            m.score(x)
+            ts.append(time.perf_counter() - t0)
+    return {"n": len(x), "classes": model.n_classes, "draws": full_model.draws, "ratio": rows_fast / rows_full,
+            "agree": float((full.argmax(1) == fast.argmax(1)).mean()),
+            "rows_full": rows_full / len(x), "rows_fast": rows_fast / len(x),
+            "wall": statistics.median(times[1]) / statistics.median(times[0])}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scoring", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="2,000 gaussian_shortcut rows, 1 timing repeat")
+    parser.add_argument("--epochs", type=int, default=100, help="digits10 training epochs")
+    parser.add_argument("--stop-se", type=float, default=None, help="default: conf/method/diffusion.yaml")
+    parser.add_argument("--stop-first", type=int, default=None)
+    parser.add_argument("--stop-every", type=int, default=None)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SHIFTLAB_QUIET", "1")
+    from stages.core.config import defaults
+    from stages.core.runtime import setup_torch
+
+    base = defaults("method", "diffusion")
+    se = base.stop_se if args.stop_se is None else args.stop_se
+    first = base.stop_first if args.stop_first is None else args.stop_first
+    every = base.stop_every if args.stop_every is None else args.stop_every
+    if se <= 0:
+        parser.error("--stop-se must be > 0 (sequential elimination on)")
+    repeats = 1 if args.quick else 3
+    setup_torch(0)
+    t0 = time.perf_counter()
+    results = {}
+    for name, load in (
+        ("colored_digits", lambda: checked_out_model("colored_digits", None)),
+        ("gaussian_shortcut", lambda: checked_out_model("gaussian_shortcut", 2000 if args.quick else None)),
+        ("digits10", lambda: digits10_model(args.epochs)),
+    ):
+        model, x = load()
+        results[name] = compare(model, x, se, first, every, repeats)
+    # More draws: the first round (every class) is a smaller share, so the ratio falls (same model).
+    results["digits10, 64 draws"] = compare(model, x, se, first, every, repeats, draws=64)
+    print(f"Sequential elimination (stop_se={se:g}, stop_first={first}, stop_every={every}) vs full scoring, "
+          f"1 thread; {time.perf_counter() - t0:.0f} s\n")
+    print("| model | classes | draws | examples | evaluations / example (full) | adaptive | ratio | agreement | wall-time ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        print(f"| {name} | {r['classes']} | {r['draws']} | {r['n']} | {r['rows_full']:.0f} | {r['rows_fast']:.1f} | {r['ratio']:.3f} | "
+              f"{r['agree']:.2%} | {r['wall']:.2f} |")
+    two = results["colored_digits"]
+    print(f"\n2-class (colored_digits): {two['ratio']:.3f}x network evaluations at {two['agree']:.4f} agreement; "
+          f"gaussian_shortcut: {results['gaussian_shortcut']['ratio']:.3f}x at {results['gaussian_shortcut']['agree']:.4f}")
+    more = results["digits10, 64 draws"]
+    print(f"at 64 draws: {more['ratio']:.3f}x network evaluations of full 64-draw scoring at {more['agree']:.4f} agreement "
+          f"(digits10, {more['n']} examples)")
+    hard = results["digits10"]
+    print(f"wall time: {hard['wall']:.2f}x of full scoring (digits10, {hard['n']} examples)")
+    print(f"scoring: {hard['ratio']:.3f}x network evaluations of full scoring at {hard['agree']:.4f} agreement "
+          f"(digits10, {hard['n']} examples)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""Diffusion scoring at a fraction of the network evaluations: sequential elimination
+(method.diffusion stop_se / stop_first / stop_every) against full scoring, and its exact count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stages.core.config import ConfigError, defaults
+from stages.models.diffusion_model import DiffusionClassifier, draw_noise, train_diffusion
+from tests.test_generative import accuracy, blobs, diffusion_cfg
+
+
+def tiny(k: int = 3, draws: int = 8, **scoring) -> DiffusionClassifier:
+    """An untrained mlp classifier on 3-d inputs (random weights from seed 0)."""
+    torch.manual_seed(0)
+    model = DiffusionClassifier(3, k, [3], "mlp", 16, 1, 20, "cosine", "simple", draws, **scoring)
+    model.standardize.fit(torch.randn(50, 3))
+    return model.eval()
+
+
+def same_weights(model: DiffusionClassifier, **scoring) -> DiffusionClassifier:
+    other = DiffusionClassifier.from_arch({**model.arch(), **scoring})
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+X = np.random.default_rng(0).standard_normal((12, 3)).astype(np.float32)
+
+
+def test_sequential_scoring_equals_full_scoring_when_its_threshold_is_off_or_never_clears():
+    full = tiny()
+    logits, loglik, rows = full.score(X)
+    assert rows == len(X) * 3 * 8
+    # Off (stop_se 0): the stored architecture and the scores are those of a model without the keys.
+    off = same_weights(full, stop_se=0.0, stop_first=4)
+    assert off.arch() == full.arch() and "stop_se" not in off.arch()
+    assert off.score(X)[0].tobytes() == logits.tobytes()
+    # On, but no class can ever be dropped: every class gets every draw, the same draws.
+    never = same_weights(full, stop_se=1e30, stop_first=2, stop_every=3)
+    seq_logits, seq_loglik, seq_rows = never.score(X)
+    assert seq_rows == rows
+    np.testing.assert_allclose(seq_logits, logits, rtol=1e-6)
+    np.testing.assert_allclose(seq_loglik, loglik, rtol=1e-9)
+    assert (seq_logits.argmax(1) == logits.argmax(1)).all()
+
+
+def hand_count(model: DiffusionClassifier, x: np.ndarray) -> tuple[int, np.ndarray]:
+    """The rule of the module docstring, re-done by hand in numpy on the full error tensor of the
+    same draws: (network evaluations, predictions)."""
+    k, s, first, every, se = model.n_classes, model.draws, model.stop_first, model.stop_every, model.stop_se
+    gen = torch.Generator().manual_seed(model.score_seed)
+    with torch.no_grad():
+        z = model.standardize(torch.from_numpy(x))
+        t, eps = draw_noise(len(z), s, model.in_dim, model.steps, gen)
+        err = model.errors(z, t, eps, torch.arange(k).expand(len(z), k)).double().numpy()
+    rows, preds = 0, []
+    for e in err:
+        alive, hi = list(range(k)), first
+        rows += k * first
+        while True:
+            means = [e[c, :hi].mean() for c in alive]
+            leader = alive[int(np.argmin(means))]
+            kept = []
+            for c in alive:
+                d = e[c, :hi] - e[leader, :hi]
+                if c == leader or not d.mean() > se * d.std(ddof=1) * np.sqrt((1 - hi / s) / hi):
+                    kept.append(c)
+            alive = kept
+            if len(alive) == 1 or hi >= s:
+                break
+            step = min(every, s - hi)
+            rows += len(alive) * step
+            hi += step
+        preds.append(alive[int(np.argmin([e[c, :hi].mean() for c in alive]))])
+    return rows, np.array(preds)
+
+
+@pytest.mark.parametrize(("se", "first", "every"), [(1.0, 2, 1), (0.5, 3, 2)])
+def test_the_evaluation_count_is_the_hand_count_and_what_the_denoiser_saw(se, first, every):
+    model = same_weights(tiny(k=4), stop_se=se, stop_first=first, stop_every=every)
+    seen = []
+    hook = model.denoiser.register_forward_hook(lambda mod, args, out: seen.append(len(args[0])))
+    logits, _, rows = model.score(X)
+    hook.remove()
+    want_rows, want_preds = hand_count(model, X)
+    assert rows == sum(seen) == want_rows < len(X) * 4 * 8
+    assert (logits.argmax(1) == want_preds).all()
+
+
+def test_a_threshold_every_class_clears_stops_after_the_first_draws():
+    """stop_se ~ 0: after the first stop_first draws only the leader is left — n·K·stop_first evaluations,
+    and the prediction is the class with the lowest mean error over those draws."""
+    model = same_weights(tiny(k=5), stop_se=1e-12, stop_first=2)
+    logits, _, rows = model.score(X)
+    assert rows == len(X) * 5 * 2
+    want_rows, want_preds = hand_count(model, X)  # its prediction: the lowest mean error over those draws
+    assert want_rows == rows and (logits.argmax(1) == want_preds).all()
+    # A dropped class's logit stays below the one left, so softmax still ranks the prediction first.
+    top = np.sort(logits, axis=1)
+    assert (top[:, -1] > top[:, -2]).all()
+
+
+def test_sequential_scoring_agrees_with_full_scoring_at_a_fraction_of_the_evaluations():
+    """A trained 4-class model: it learned (well above chance), and the default thresholds keep its
+    predictions at a fraction of full scoring's network evaluations."""
+    prepared = blobs(n_classes=4, n=400, seed=1)
+    model, _ = train_diffusion(prepared, diffusion_cfg(draws=32), seed=0)
+    cfg = defaults("method", "diffusion")
+    fast = same_weights(model, stop_se=cfg.stop_se, stop_first=cfg.stop_first, stop_every=cfg.stop_every)
+    full_logits, _, full_rows = model.score(prepared.x)
+    fast_logits, _, fast_rows = fast.score(prepared.x)
+    assert accuracy(full_logits, prepared, "test_id") > 0.8  # chance 0.25
+    assert (full_logits.argmax(1) == fast_logits.argmax(1)).mean() >= 0.98
+    assert fast_rows < 0.4 * full_rows  # 0.35 measured
+
+
+def test_sequential_keys_are_checked_before_any_work():
+    with pytest.raises(ConfigError, match=r"method\.diffusion\.stop_first"):
+        defaults("method", "diffusion", stop_first=1)
+    with pytest.raises(ConfigError, match=r"method\.diffusion\.stop_se"):
+        defaults("method", "diffusion", stop_se=-1.0)
+    # prune_keep takes the place of sequential elimination; too few draws score every class on every draw.
+    assert defaults("method", "diffusion", prune_keep=1).stop_se > 0
+    pruned = same_weights(tiny(k=4), stop_se=3.0, prune_keep=2, prune_draws=2)
+    assert pruned.score(X)[2] == len(X) * (4 * 2 + 2 * 6)
+    assert same_weights(tiny(k=4, draws=3), stop_se=3.0, stop_first=3).score(X)[2] == len(X) * 4 * 3
