@@ -171,6 +171,7 @@ def plan_with(**dfr: object) -> tuple[dict, dict]:
     params["method"]["dfr"].update(dfr)
     run = {**params["run"], "datasets": ["gaussian_shortcut"]}
     run["methods"] = [m for m in run["methods"] if m in ("erm", "lda", "dfr")]
+    run["teachers"] = [t for t in run["teachers"] if t in run["methods"]]  # (what conf/ derives when composed)
     run["models"] = [m for m in run["models"] if m in run["methods"] or m.removesuffix("_student") in run["methods"]]
     return run, params
 

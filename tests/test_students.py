@@ -117,3 +117,26 @@ def test_student_numbers_say_none_where_there_is_nothing_to_divide_by():
     assert kept == {"wga_retention": None, "cost_ratio": 0.01, "agreement": None}
     kept = student_numbers(summary("lda", 0.4, None), summary("lda_student", 0.3, 10.0), None, DS)
     assert kept == {"wga_retention": pytest.approx(0.75), "cost_ratio": None, "agreement": None}
+
+
+def test_the_default_teachers_are_those_the_run_trains_and_a_named_one_must_be_trained(tmp_path, monkeypatch):
+    """conf/'s run.teachers: lda and diffusion when run.methods has them; a run restricted to other
+    methods (docs/extending.md's `-S 'run.methods=[logreg,lda]'`) distils only what it trains, and a
+    teacher named by hand must be in run.methods (one line naming the key)."""
+    import yaml
+
+    from stages.core import config
+    from tests.test_replicates import ROOT
+
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "params.yaml"
+
+    def teachers(*overrides: str) -> list[str]:
+        config.compose(ROOT / "conf", out, list(overrides))
+        return yaml.safe_load(out.read_text())["run"]["teachers"]
+
+    assert teachers() == ["lda", "diffusion"]
+    assert teachers("run.methods=[erm,lda]") == ["lda"]
+    assert teachers("run.methods=[erm,groupdro]") == []
+    with pytest.raises(ConfigError, match=r"run\.teachers: teacher 'diffusion' is not in run\.methods"):
+        teachers("run.methods=[erm,lda]", "run.teachers=[diffusion]")

@@ -5,6 +5,8 @@
   or a method is one YAML file there (plus its module), not an edit of conf/config.yaml.
 - the resolver `${shiftlab.models:${run.methods},${run.teachers}}`: every method and the
   student of every teacher, so `run.models` is derived, never written by hand.
+- the resolver `${shiftlab.among:[lda, diffusion],${run.methods}}`: the default teachers the
+  run trains (a run restricted to other methods distils none of them).
 - the resolver `${shiftlab.dag:${run},${dataset},${method},${phase}}`: params.yaml's `dag` section,
   the items of dvc.yaml's stages with the code each runs (stages/dag.py; with `run.redraw_data`,
   one dataset instance per seed of each generated dataset: stages/core/replicates.py). It first validates
@@ -61,6 +63,13 @@ def extend(base: ListConfig, added: ListConfig) -> ListConfig:
     return OmegaConf.create([*base, *(a for a in added if a not in base)])
 
 
+def among(names: ListConfig, methods: ListConfig) -> ListConfig:
+    """`${shiftlab.among:[lda, diffusion],${run.methods}}`: the default teachers that this run
+    trains, in their order (a run restricted to other methods distils none of them; a teacher
+    named by hand, `-S 'run.teachers=[...]'`, must be in run.methods)."""
+    return OmegaConf.create([n for n in names if n in methods])
+
+
 def dag(run: DictConfig, datasets: DictConfig, methods: DictConfig, phase: DictConfig, *, _root_: DictConfig) -> DictConfig:
     """params.yaml's `dag` section (stages/dag.py `plan`), once the whole config is valid (`check`)."""
     root = _ROOT[0]
@@ -114,6 +123,6 @@ def check(config: DictConfig, root: Path) -> None:
 
 
 register(Path(__file__).resolve().parents[2] / "conf")
-for _name, _fn in (("shiftlab.models", models), ("shiftlab.extend", extend), ("shiftlab.dag", dag)):
+for _name, _fn in (("shiftlab.models", models), ("shiftlab.extend", extend), ("shiftlab.among", among), ("shiftlab.dag", dag)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)
