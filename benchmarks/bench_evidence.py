@@ -5,6 +5,7 @@
     python -m benchmarks.bench_evidence --estimate             # one seed through the flow: the whole recipe's wall time
     python -m benchmarks.bench_evidence --stage-times          # one seed, stage by stage: where the time goes
     python -m benchmarks.bench_evidence --render summary.json  # the table from a finished run's summary
+    python -m benchmarks.bench_evidence --workdir DIR          # in DIR (kept): run again to resume a stopped run
 
 Run: the project is copied into a temp folder (a git repo, as `dvc exp run` needs) and run as
 `make repro` runs it, through the parallel Prefect flow: `python -m pipeline.flows --override
@@ -34,6 +35,7 @@ and torch start-up).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -80,17 +82,26 @@ def fresh_copy(dest: Path) -> None:
 # ---- the run --------------------------------------------------------------------------------
 
 
-def run_flow(seeds: list[int] | None, max_parallel: int | None, keep: Path | None) -> tuple[dict[str, Any], float]:
-    """summary.json of the recipe run through the parallel flow in a temp copy, and its wall seconds."""
-    with tempfile.TemporaryDirectory(prefix="bench-evidence-") as tmp:
-        repo = Path(tmp)
-        fresh_copy(repo)
+def run_flow(seeds: list[int] | None, max_parallel: int | None, keep: Path | None,
+             workdir: Path | None = None) -> tuple[dict[str, Any], float]:
+    """summary.json of the recipe run through the parallel flow in a copy (a temp one, or
+    `workdir`, kept), and its wall seconds. The flow's output goes to stderr as it runs."""
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            repo = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-evidence-")))
+        else:
+            repo = workdir.resolve()
+        if not (repo / ".git").is_dir():
+            fresh_copy(repo)
         cmd = [sys.executable, "-m", "pipeline.flows", *[a for o in overrides(seeds) for a in ("--override", o)]]
         if max_parallel:
             cmd += ["--max-parallel", str(max_parallel)]
         t0 = time.perf_counter()
-        sh(cmd, repo)
+        code = subprocess.run(cmd, cwd=repo, env=env(), stdout=sys.stderr).returncode
         wall = time.perf_counter() - t0
+        if code:
+            sys.exit(f"{' '.join(cmd)} failed ({code}) after {wall:.0f} s in {repo}" +
+                     ("" if workdir is None else ": run the same command again to go on from where it stopped"))
         reports = repo / "data" / "reports"
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -215,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", help="run.seeds (default: the recipe's 5; --stage-times: 0)")
     parser.add_argument("--max-parallel", type=int, help="stages at once (default: the flow's, the cores available)")
     parser.add_argument("--keep", type=Path, help="copy the run's summary.json and report.md into this folder")
+    parser.add_argument("--workdir", type=Path, help="run in this folder (a copy of the project made there "
+                        "once, kept): a failed or stopped run goes on from where it was with the same command")
     parser.add_argument("--render", type=Path, help="only print the table of this summary.json")
     parser.add_argument("--estimate", action="store_true", help="run --seeds (default 0) and project the whole recipe")
     parser.add_argument("--stage-times", action="store_true", help="run --seeds (default 0) stage by stage: CPU per kind")
@@ -235,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             args.save.write_text(json.dumps(times, indent=1, sort_keys=True))
         print(breakdown(times, len(seeds)))
         return 0
-    summary, wall = run_flow(args.seeds, args.max_parallel, args.keep)
+    summary, wall = run_flow(args.seeds, args.max_parallel, args.keep, args.workdir)
     seeds = "the recipe's seeds" if args.seeds is None else f"seeds {args.seeds}"
     print(f"experiment=evidence ({seeds}) through the parallel flow: {wall:.0f} s ({wall / 60:.1f} min)\n")
     print(table(summary))

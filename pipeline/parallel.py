@@ -7,7 +7,8 @@ DVC runs one stage at a time (its issue #755; `repro --jobs` was never merged). 
    try DVC's run cache (`StageCache.restore`); else hash its deps (`save_deps`);
 2. the stage's command (DVC itself releases the repo lock for it: `unlocked_repo(cmd_run)`);
 3. under the repo lock: hash the outputs into the cache, save the run cache, write the stage's
-   entry of dvc.lock (`Stage.save`, `Stage.commit`, `dump(update_pipeline=False)`).
+   entry of dvc.lock (`Stage.save`, `Stage.commit`, `dump(update_pipeline=False)`; here the
+   entry's write is batched, below).
 
 `DvcWorkspace` does 1 and 3 in this process with DVC's own functions, one stage at a time (a
 mutex and DVC's repo lock around each), so dvc.lock, the cache and the run cache come out exactly
@@ -26,9 +27,21 @@ command and to any about to start, and SIGKILLs what still runs STOP_GRACE_S lat
 it stopped never reach part 3, so their dvc.lock entries stay as they were, and
 `DvcWorkspace.restore(workspace.unfinished())` puts their last good outputs back.
 
-A crash (kill -9 of the flow) leaves DVC as a crash of `dvc repro` does: stages that finished
-are in dvc.lock; a stage whose command was running has its outputs removed or incomplete, so
-the next run re-runs it (the helpers stop their commands when the flow's process dies).
+dvc.lock is written in batches, not once per stage as `dvc repro` does. Each write re-reads and
+re-writes the whole file through DVC's round-trip YAML, which is slow in pure Python: ~20-30 s
+for the ~600 entries of the evidence recipe (120,000 lines), so one write per stage would cost
+more than an hour on 2 cores. `DvcWorkspace` records a finished stage at once (outputs hashed
+into the cache, the run cache saved) and a writer thread puts every entry recorded since its
+last write into dvc.lock in one rewrite, waiting between writes at least LOCK_WRITE_GAP_S and
+LOCK_WRITE_RATIO times the last write's duration, so the writes take at most ~1/(1 + RATIO) of
+one core; `close()` writes what is left. The file that results is the same: the same entries,
+the same serial order, the same bytes.
+
+A crash (kill -9 of the flow) leaves DVC as a crash of `dvc repro` does, except for the
+entries not written yet: stages whose entries are in dvc.lock are up to date; a stage that
+finished after the last write is restored from DVC's run cache by the next run (no command
+re-runs); a stage whose command was running has its outputs removed or incomplete, so the next
+run re-runs it (the helpers stop their commands when the flow's process dies).
 dvc.lock itself is never half-written: while a `DvcWorkspace` is open, every write DVC or the
 flow makes to it goes to a temp file beside it that replaces it once complete (`atomic_path`).
 """
@@ -44,6 +57,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,11 +78,16 @@ class Begun:
     env: dict[str, str] = field(default_factory=dict)
 
 
+LOCK_WRITE_GAP_S = 1.0  # the least time between two writes of dvc.lock (module docstring)
+LOCK_WRITE_RATIO = 9.0  # ... and at least this many times the last write's duration: writes <= 10% of a core
+
+
 class DvcWorkspace:
     """One DVC `Repo` for a whole flow run; the bookkeeping of every stage goes through it, one
-    stage at a time (thread-safe), each step under DVC's repo lock."""
+    stage at a time (thread-safe), each step under DVC's repo lock; dvc.lock's entries are
+    written in batches (module docstring)."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, write_gap_s: float | None = None, write_ratio: float | None = None) -> None:
         from dvc.repo import Repo
         from dvc.repo.reproduce import get_active_graph
 
@@ -90,9 +109,16 @@ class DvcWorkspace:
         self._order = self._plan()
         self.lock_keys_before = set(self._lock_keys())
         self.rank = {name: i for i, name in enumerate(self._order[0])}
-        self.new_in_lock: list[str] = []  # stages this run added to dvc.lock, in the file's order
         self.begun: list[str] = []  # stages whose outputs begin() removed, in the order it did
         self.finished: set[str] = set()  # stages recorded (by finish() or from the run cache)
+        self.unwritten: list[str] = []  # recorded stages whose dvc.lock entries are not written yet
+        self.lock_writes = 0  # rewrites of dvc.lock so far
+        self.write_gap_s = LOCK_WRITE_GAP_S if write_gap_s is None else write_gap_s
+        self.write_ratio = LOCK_WRITE_RATIO if write_ratio is None else write_ratio
+        self._write_mutex = threading.Lock()  # one write of dvc.lock at a time
+        self._wake = threading.Condition()
+        self._closing = False
+        self._writer: threading.Thread | None = None
 
     @staticmethod
     def _name(stage: Any) -> str:
@@ -148,17 +174,75 @@ class DvcWorkspace:
             self._record(self.stages[name])
 
     def _record(self, stage: Any) -> None:
-        # Stage.run after its command, then _reproduce_stage's dump.
+        # Stage.run after its command; _reproduce_stage's dump is left to the writer (write_lock).
         no_cache_outs = any(not out.use_cache for out in stage.outs if not (out.is_metric or out.is_plot))
         stage.save(run_cache=not no_cache_outs)
         stage.commit()
-        stage.dump(update_pipeline=False)
         name = self._name(stage)
         self.finished.add(name)
-        if name not in self.lock_keys_before and name not in self.new_in_lock:
-            self.new_in_lock.append(name)
-            if any(self.rank[n] > self.rank[name] for n in self.new_in_lock[:-1]):
-                self._order_lock_file()
+        self.unwritten.append(name)
+        with self._wake:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="dvc.lock writer", daemon=True)
+                self._writer.start()
+            self._wake.notify()
+
+    def _write_loop(self) -> None:
+        """The writer thread: write_lock() whenever entries wait and the gap since the last write
+        is long enough (module docstring); ends at close()."""
+        gap = 0.0
+        last = -float("inf")
+        while True:
+            with self._wake:
+                while not self._closing and not (self.unwritten and time.monotonic() >= last + gap):
+                    self._wake.wait(timeout=None if not self.unwritten else max(0.0, last + gap - time.monotonic()))
+                if self._closing:
+                    return
+            start = time.monotonic()
+            self.write_lock()
+            last = time.monotonic()
+            gap = max(self.write_gap_s, self.write_ratio * (last - start))
+
+    def write_lock(self) -> None:
+        """Write the dvc.lock entries of every stage recorded since the last write, in one rewrite
+        of the file (what `Stage.dump(update_pipeline=False)` writes for each), new entries in the
+        order a serial `dvc repro` appends them, after the entries that were there before (kept
+        where they were)."""
+        from dvc.stage import serialize
+        from dvc.utils.serialize import modify_yaml
+
+        with self._write_mutex:
+            with self._locked():
+                names, self.unwritten = self.unwritten, []
+                if not names:
+                    return
+                by_file: dict[str, list[dict[str, Any]]] = {}
+                for name in sorted(set(names), key=lambda n: self.rank.get(n, len(self.rank))):
+                    stage = self.stages[name]
+                    by_file.setdefault(stage.dvcfile._lockfile.path, []).append(serialize.to_lockfile(stage))
+            try:
+                for path, entries in by_file.items():
+                    self._write_entries(path, entries, modify_yaml)
+            except BaseException:
+                with self._locked():  # not written: the next write (or close) tries again
+                    self.unwritten[:0] = names
+                raise
+            self.lock_writes += 1
+
+    def _write_entries(self, path: str, entries: list[dict[str, Any]], modify_yaml: Any) -> None:
+        # Lockfile.dump_stages, for several stages at once, then the serial order.
+        with modify_yaml(path, fs=self.repo.fs) as data:
+            if not data:
+                data.update({"schema": "2.0"})
+            data["stages"] = data.get("stages", {})
+            for entry in entries:
+                data["stages"].update(entry)
+            stages = data["stages"]
+            old = [k for k in stages if k in self.lock_keys_before]
+            new = sorted((k for k in stages if k not in self.lock_keys_before), key=lambda k: self.rank.get(k, len(self.rank)))
+            if list(stages) != old + new:
+                data["stages"] = {k: stages[k] for k in old + new}
+        self.repo.scm_context.track_file(os.path.relpath(path, self.root))
 
     def unfinished(self) -> list[str]:
         """Stages whose outputs begin() removed and that were not recorded since: failed, stopped,
@@ -182,22 +266,22 @@ class DvcWorkspace:
         path = Path(self.root) / "dvc.lock"
         if not path.is_file():
             return []
-        return list((yaml.safe_load(path.read_text()) or {}).get("stages") or {})
-
-    def _order_lock_file(self) -> None:
-        """dvc.lock's entries new in this run in the order a serial `dvc repro` appends them (its
-        plan), after the entries that were there before (kept where they were). Done as each
-        entry is written, so dvc.lock is in serial order also when the run is killed."""
-        from dvc.utils.serialize import modify_yaml
-
-        with modify_yaml(str(Path(self.root) / "dvc.lock"), fs=self.repo.fs) as data:
-            entries = data.get("stages") or {}
-            old = [k for k in entries if k in self.lock_keys_before]
-            new = sorted((k for k in entries if k not in self.lock_keys_before), key=lambda k: self.rank.get(k, len(self.rank)))
-            data["stages"] = {k: entries[k] for k in old + new}
-        self.new_in_lock.sort(key=self.rank.__getitem__)
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the ~600-entry lock of a big run in ~1 s
+        return list((yaml.load(path.read_text(), Loader=loader) or {}).get("stages") or {})
 
     def close(self) -> None:
+        """Write what is left of dvc.lock (write_lock), stop the writer, close DVC's Repo."""
+        try:
+            with self._wake:
+                self._closing = True
+                self._wake.notify()
+            if self._writer is not None:
+                self._writer.join()
+            self.write_lock()
+        finally:
+            self._close_repo()
+
+    def _close_repo(self) -> None:
         try:
             self.repo.close()
         finally:

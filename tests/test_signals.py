@@ -253,9 +253,9 @@ def test_sigterm_to_the_flow_process_alone_then_a_second_one_ends_it_at_once_exi
 
 KEYS = 3000  # a params dep of 3000 keys: dvc.lock is ~150 kB, each write takes a while
 
-# Writes dvc.lock through the flow's own paths, as often as it can until killed: the stage's
-# entry as `DvcWorkspace._record` writes it (`Stage.dump`, its cmd alternating between two values
-# so each write changes the file) and the flow's re-ordering (`modify_yaml`).
+# Writes dvc.lock through the flow's own path, as often as it can until killed: the stage's
+# entry as `DvcWorkspace.write_lock` writes a recorded stage's (its cmd alternating between two
+# values so each write changes the file), and DVC's own `Stage.dump`.
 WRITER = """
 import sys
 from pipeline.parallel import DvcWorkspace
@@ -265,8 +265,10 @@ print("ready", flush=True)
 for i in range(int(sys.argv[3]), int(sys.argv[3]) + int(sys.argv[2])):
     stage.cmd = ("python gen.py", "python gen.py --again")[i % 2]
     with workspace._locked():
+        workspace.unwritten.append("big")
+    workspace.write_lock()
+    with workspace._locked():
         stage.dump(update_pipeline=False)
-    workspace._order_lock_file()
 """
 
 
