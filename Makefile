@@ -41,7 +41,7 @@ repro: setup check
 	$(PY) -m pipeline.flows $(if $(filter 1 yes true,$(WAIT)),--wait) $(if $(JOBS),--max-parallel $(JOBS))
 
 test: setup browser
-	$(PY) -m pytest -n 2 --dist loadgroup -q
+	$(PY) -m pytest -n 2 --dist loadgroup -q --durations=10
 
 # tests/test_report_html.py opens the report in headless Chromium. Where it is missing and this is
 # root with apt-get (a container, a CI box), install it as .ci/run does: quietly and bounded. If
