@@ -44,7 +44,8 @@ def scoring_vs_forward(shape: list[int], denoiser: str, width: int, n: int, repe
     import torch
 
     from stages.core.runtime import setup_torch
-    from stages.models.diffusion_model import DiffusionClassifier, denoiser_flops, draw_noise
+    from stages.models.diffusion_model import DiffusionClassifier, denoiser_flops
+    from stages.models.draw_order import draw_noise
 
     setup_torch(0)
     dim = int(np.prod(shape))

@@ -1,21 +1,24 @@
 """Diffusion classifier scoring: full vs sequential elimination, on the same trained models.
 
-    python -m benchmarks.bench_scoring [--quick]
+    python -m benchmarks.bench_scoring [--quick] [--draw-order informative] [--stop-first 2] [--stop-se 3.5]
 
 Full scoring runs every class on every (t, ε) draw (K·S network evaluations per example);
 adaptive scoring is the same model with `method.diffusion` sequential elimination
-(`stop_se`, `stop_first`, `stop_every`: conf/method/diffusion.yaml's defaults unless given) on the
-same draws. Network evaluations are counted exactly (`DiffusionClassifier.score`: one per
-example, class and draw run); agreement is the fraction of examples whose predicted class
-is the same. Wall times are medians of interleaved runs at the stages' thread count.
+(`stop_se`, `stop_first`, `stop_every`, `draw_order`: conf/method/diffusion.yaml's defaults
+unless given) on the same draws. With `draw_order informative` the order is ranked on each
+model's val split (stages/models/draw_order.py), as training does. Network evaluations are
+counted exactly (`DiffusionClassifier.score`: one per example, class and draw run); agreement
+is the fraction of examples whose predicted class is the same. Every model is scored on its
+test_id + test_ood rows: never trained on, selected on or ranked on. Wall times are medians of
+interleaved runs at the stages' thread count.
 
 Models:
 - digits10 — the scikit-learn digits colored_digits is made from, with their 10 labels
   (colored_digits itself is 2-class: digit < 5), trained here with the project's own
-  `train_diffusion` (MLP denoiser, the default scoring keys); scored on its held-out half.
-  The harder case (10 classes), so the last line.
+  `train_diffusion` (MLP denoiser, the default scoring keys). The harder case (10 classes), so
+  the last line.
 - colored_digits, gaussian_shortcut — the checked-out default models
-  (data/models/<dataset>/diffusion/seed=0), 2 classes, scored on their non-train rows.
+  (data/models/<dataset>/diffusion/seed=0), 2 classes.
 
 The last line reads `scoring: <ratio>x network evaluations of full scoring at <agreement>
 agreement (digits10, <n> examples)` at the default 32 draws; digits10 is also scored at 64 draws
@@ -35,8 +38,9 @@ from typing import Any
 import numpy as np
 
 
-def digits10_model(epochs: int) -> tuple[Any, np.ndarray]:
-    """A 10-class diffusion classifier trained on half of the scikit-learn digits, and the other half."""
+def digits10_model(epochs: int) -> tuple[Any, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A 10-class diffusion classifier trained on half of the scikit-learn digits; its test
+    inputs (test_id + test_ood: neither trained on nor used to select or order); its val split."""
     from benchmarks.bench_diffusion import digits10
     from stages.core.config import defaults
     from stages.models.diffusion_model import train_diffusion
@@ -44,19 +48,26 @@ def digits10_model(epochs: int) -> tuple[Any, np.ndarray]:
     prepared = digits10()
     base = defaults("method", "diffusion")
     cfg = types.SimpleNamespace(**{**vars(base), "denoiser": "mlp", "epochs": epochs, "eval_every": epochs, "patience": 0,
-                                   "selection": "val_avg", "select_draws": 4})
+                                   "selection": "val_avg", "select_draws": 4, "draw_order": "strata"})
     model, _ = train_diffusion(prepared, cfg, seed=0)
-    return model.eval(), prepared.x[prepared.split != "train"]
+    return model.eval(), *held_out(prepared)
 
 
-def checked_out_model(dataset: str, limit: int | None) -> tuple[Any, np.ndarray]:
-    """The default run's trained diffusion model of `dataset` and its non-train inputs."""
+def held_out(prepared: Any) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(test inputs, (val inputs, val labels)) of a Prepared."""
+    test = np.isin(prepared.split, ["test_id", "test_ood"])
+    val = prepared.split == "val"
+    return prepared.x[test], (prepared.x[val], prepared.y[val])
+
+
+def checked_out_model(dataset: str, limit: int | None) -> tuple[Any, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The default run's trained diffusion model of `dataset`, its test inputs, its val split."""
     from stages.core.artifacts import model_dir, prepared_path, read_prepared
     from stages.models import load_model
 
     prepared = read_prepared(prepared_path(dataset))
-    x = prepared.x[prepared.split != "train"]
-    return load_model(model_dir(dataset, "diffusion", 0)), x[:limit] if limit else x
+    x, val = held_out(prepared)
+    return load_model(model_dir(dataset, "diffusion", 0)), x[:limit] if limit else x, val
 
 
 def with_scoring(model: Any, **keys: Any) -> Any:
@@ -68,11 +79,13 @@ def with_scoring(model: Any, **keys: Any) -> Any:
     return other.eval()
 
 
-def compare(model: Any, x: np.ndarray, se: float, first: int, every: int, repeats: int, draws: int | None = None) -> dict[str, float]:
-    """Evaluations, agreement and wall time of sequential vs full scoring of `x` (at `draws`, default the model's)."""
+def compare(model: Any, x: np.ndarray, se: float, first: int, every: int, repeats: int, draws: int | None = None,
+            perm: list[int] | None = None) -> dict[str, float]:
+    """Evaluations, agreement and wall time of sequential vs full scoring of `x` (at `draws`,
+    default the model's; sequential elimination taking the draws in the order `perm`, if given)."""
     s = {"draws": draws} if draws else {}
     full_model = with_scoring(model, stop_se=0.0, **s)
-    fast_model = with_scoring(model, stop_se=se, stop_first=first, stop_every=every, **s)
+    fast_model = with_scoring(model, stop_se=se, stop_first=first, stop_every=every, draw_perm=perm, **s)
     full, _, rows_full = full_model.score(x)
     fast, _, rows_fast = fast_model.score(x)
     times: list[list[float]] = [[], []]
@@ -87,6 +100,13 @@ def compare(model: Any, x: np.ndarray, se: float, first: int, every: int, repeat
             "wall": statistics.median(times[1]) / statistics.median(times[0])}
 
 
+def ordered(model: Any, val: tuple[np.ndarray, np.ndarray], draws: int | None = None) -> list[int]:
+    """`draw_order: informative`'s order of `model`'s draws (at `draws`), ranked on `val`."""
+    from stages.models.draw_order import informative_order
+
+    return informative_order(with_scoring(model, stop_se=0.0, **({"draws": draws} if draws else {})), *val)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scoring", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stop-se", type=float, default=None, help="default: conf/method/diffusion.yaml")
     parser.add_argument("--stop-first", type=int, default=None)
     parser.add_argument("--stop-every", type=int, default=None)
+    parser.add_argument("--draw-order", choices=["strata", "informative"], default=None,
+                        help="the order the test takes the draws in (default: conf/method/diffusion.yaml)")
     args = parser.parse_args(argv)
     os.environ.setdefault("SHIFTLAB_QUIET", "1")
     from stages.core.config import defaults
@@ -104,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     se = base.stop_se if args.stop_se is None else args.stop_se
     first = base.stop_first if args.stop_first is None else args.stop_first
     every = base.stop_every if args.stop_every is None else args.stop_every
+    order = base.draw_order if args.draw_order is None else args.draw_order
     if se <= 0:
         parser.error("--stop-se must be > 0 (sequential elimination on)")
     repeats = 1 if args.quick else 3
@@ -115,12 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("gaussian_shortcut", lambda: checked_out_model("gaussian_shortcut", 2000 if args.quick else None)),
         ("digits10", lambda: digits10_model(args.epochs)),
     ):
-        model, x = load()
-        results[name] = compare(model, x, se, first, every, repeats)
+        model, x, val = load()
+        perm = ordered(model, val) if order == "informative" else None
+        results[name] = compare(model, x, se, first, every, repeats, perm=perm)
     # More draws: the first round (every class) is a smaller share, so the ratio falls (same model).
-    results["digits10, 64 draws"] = compare(model, x, se, first, every, repeats, draws=64)
-    print(f"Sequential elimination (stop_se={se:g}, stop_first={first}, stop_every={every}) vs full scoring, "
-          f"1 thread; {time.perf_counter() - t0:.0f} s\n")
+    perm = ordered(model, val, draws=64) if order == "informative" else None
+    results["digits10, 64 draws"] = compare(model, x, se, first, every, repeats, draws=64, perm=perm)
+    print(f"Sequential elimination (stop_se={se:g}, stop_first={first}, stop_every={every}, draw_order={order}) "
+          f"vs full scoring, test_id + test_ood, 1 thread; {time.perf_counter() - t0:.0f} s\n")
     print("| model | classes | draws | examples | evaluations / example (full) | adaptive | ratio | agreement | wall-time ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():

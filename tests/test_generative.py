@@ -21,12 +21,8 @@ from stages.models.autoregressive_model import (
     QuantileTokenizer,
     train_autoregressive,
 )
-from stages.models.diffusion_model import (
-    DiffusionClassifier,
-    draw_noise,
-    stratum_order,
-    train_diffusion,
-)
+from stages.models.diffusion_model import DiffusionClassifier, train_diffusion
+from stages.models.draw_order import draw_noise, stratum_order
 from stages.models.qda_model import fit_qda
 
 ROOT = Path(__file__).resolve().parents[1]

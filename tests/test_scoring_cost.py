@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from stages.core.config import ConfigError, defaults
-from stages.models.diffusion_model import DiffusionClassifier, draw_noise, train_diffusion
+from stages.models.diffusion_model import DiffusionClassifier, train_diffusion
+from stages.models.draw_order import draw_noise
 from tests.test_generative import accuracy, blobs, diffusion_cfg
 
 
@@ -46,14 +47,16 @@ def test_sequential_scoring_equals_full_scoring_when_its_threshold_is_off_or_nev
     assert (seq_logits.argmax(1) == logits.argmax(1)).all()
 
 
-def hand_count(model: DiffusionClassifier, x: np.ndarray) -> tuple[int, np.ndarray]:
+def hand_count(model: DiffusionClassifier, x: np.ndarray, order: list[int] | None = None) -> tuple[int, np.ndarray]:
     """The rule of the module docstring, re-done by hand in numpy on the full error tensor of the
-    same draws: (network evaluations, predictions)."""
+    same draws (taken in `order`, if given): (network evaluations, predictions)."""
     k, s, first, every, se = model.n_classes, model.draws, model.stop_first, model.stop_every, model.stop_se
     gen = torch.Generator().manual_seed(model.score_seed)
     with torch.no_grad():
         z = model.standardize(torch.from_numpy(x))
         t, eps = draw_noise(len(z), s, model.in_dim, model.steps, gen)
+        if order is not None:
+            t, eps = t[:, order], eps[:, order]
         err = model.errors(z, t, eps, torch.arange(k).expand(len(z), k)).double().numpy()
     rows, preds = 0, []
     for e in err:
@@ -126,3 +129,53 @@ def test_sequential_keys_are_checked_before_any_work():
     pruned = same_weights(tiny(k=4), stop_se=3.0, prune_keep=2, prune_draws=2)
     assert pruned.score(X)[2] == len(X) * (4 * 2 + 2 * 6)
     assert same_weights(tiny(k=4, draws=3), stop_se=3.0, stop_first=3).score(X)[2] == len(X) * 4 * 3
+
+
+def test_draw_order_changes_only_the_order_the_test_sees_the_draws_in():
+    """`draw_perm` (draw_order: informative): the same S draws, so where no class is ever dropped
+    the scores are full scoring's; where classes are dropped, the count is the hand count of the
+    rule on the draws taken in that order; and the order is stored with the model."""
+    full = tiny(k=4)
+    logits, loglik, rows = full.score(X)
+    backwards = list(range(7, -1, -1))
+    never = same_weights(full, stop_se=1e30, stop_first=2, draw_perm=backwards)
+    seq_logits, seq_loglik, seq_rows = never.score(X)
+    assert seq_rows == rows
+    np.testing.assert_allclose(seq_logits, logits, rtol=1e-6)
+    np.testing.assert_allclose(seq_loglik, loglik, rtol=1e-9)
+    assert DiffusionClassifier.from_arch(never.arch()).draw_perm == backwards
+    assert "draw_perm" not in full.arch()  # strata order: the arch (and bytes on disk) as before
+    dropping = same_weights(full, stop_se=1.0, stop_first=2, draw_perm=backwards)
+    plain = same_weights(full, stop_se=1.0, stop_first=2)
+    gen_rows, gen_preds = hand_count(plain, X, backwards)
+    logits_d, _, rows_d = dropping.score(X)
+    assert rows_d == gen_rows and (logits_d.argmax(1) == gen_preds).all()
+    with pytest.raises(ValueError, match="permutation"):
+        same_weights(full, draw_perm=[0, 0, 1, 2, 3, 4, 5, 6])
+
+
+def test_informative_order_ranks_the_draws_on_labelled_data_deterministically():
+    """A trained 4-class model: the order is a permutation of the draws, the same on every call,
+    stored by training with draw_order informative; the sequential test on it needs far fewer
+    evaluations than on the drawn order, and agrees with full scoring a little less often."""
+    from stages.models.draw_order import informative_order
+
+    prepared = blobs(n_classes=4, n=400, seed=1)
+    model, _ = train_diffusion(prepared, diffusion_cfg(draws=32, draw_order="informative"), seed=0)
+    val = prepared.split == "val"
+    order = informative_order(model, prepared.x[val], prepared.y[val])
+    assert sorted(order) == list(range(32)) and order != list(range(32))
+    assert model.draw_perm == order == informative_order(model, prepared.x[val], prepared.y[val])
+    cfg = defaults("method", "diffusion")
+    keys = {"stop_se": cfg.stop_se, "stop_first": cfg.stop_first, "stop_every": cfg.stop_every}
+    full_logits, _, full_rows = same_weights(model, stop_se=0.0).score(prepared.x)
+    ordered_logits, _, ordered_rows = same_weights(model, **keys).score(prepared.x)
+    drawn_logits, _, drawn_rows = same_weights(model, draw_perm=None, **keys).score(prepared.x)
+    agree = {name: float((full_logits.argmax(1) == lg.argmax(1)).mean()) for name, lg in (("ordered", ordered_logits), ("drawn", drawn_logits))}
+    # Measured: 0.17x vs 0.35x full scoring's evaluations, at 97.2 % vs 98.8 % agreement: the
+    # ordered test stops sooner and errs more often (its standard error treats the telling first
+    # draws as a sample of all of them): a trade, not a free gain, so not the default.
+    assert agree["ordered"] >= 0.95 and agree["drawn"] >= 0.98
+    assert ordered_rows < 0.6 * drawn_rows < 0.6 * full_rows
+    with pytest.raises(ConfigError, match=r"method\.diffusion\.draw_order"):
+        defaults("method", "diffusion", draw_order="sorted")

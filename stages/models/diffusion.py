@@ -41,6 +41,10 @@ class DiffusionConfig(GenerativeFitConfig):
     )
     stop_first: int = option("sequential elimination: draws every class gets before the first test (>= 2)")
     stop_every: int = option("sequential elimination: draws per round after the first test")
+    draw_order: str = option(
+        "sequential elimination: the order it takes the draws in: strata (as drawn, spread over t) | informative "
+        "(the timestep strata that separate the classes best on val first: stages/models/draw_order.py)"
+    )
     score_seed: int = option("seed of the scoring draws (scores depend only on it, the model and x)")
     score_rows: int = option("denoiser rows per scoring forward pass (memory; fixes the draw chunks)")
 
@@ -68,6 +72,7 @@ class DiffusionConfig(GenerativeFitConfig):
         if self.stop_se:
             c.require(self.stop_first >= 2, "stop_first", f"must be >= 2 when stop_se > 0 (a standard error needs 2 draws), got {self.stop_first}")
             c.require(self.stop_every >= 1, "stop_every", f"must be >= 1, got {self.stop_every}")
+        c.choice(self.draw_order, "draw_order", ["strata", "informative"])
         c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
 
     def check_data(self, key: str, n_classes: int, shape: list[int] | None = None) -> None:

@@ -63,7 +63,10 @@ Network evaluations are counted per (example, class, draw) actually run (`score`
 value). This is a sequential test in the spirit of Li et al.'s `eval_prob_adaptive` rounds
 (which keep a fixed top-k per round, as `prune_keep` does): a per-example, per-class stop
 instead of fixed keep counts; only the stored `draws` scoring uses it, `select_draws` scoring
-during training scores every class.
+during training scores every class. With `draw_perm` (`draw_order: informative`,
+stages/models/draw_order.py) the sequential test takes the same S draws in another order, the
+timestep strata that separate classes best on val first; the draws, and so full scoring's
+decision, are unchanged.
 
 `log_likelihood(x)` = log Σ_y exp(ELBO(x, y) + log π_y): the ELBO-weighted estimate of the
 same draws plus the prior and decoder constants, in raw (unstandardised) units — a
@@ -94,6 +97,7 @@ from stages.models.diffusion import (
     WEIGHTINGS,
     check_unet,
 )
+from stages.models.draw_order import draw_noise, informative_order
 from stages.models.generative import LOG_2PI, log_priors, logsumexp_np
 from stages.models.nets import Standardize
 
@@ -120,32 +124,6 @@ def noise_schedule(kind: str, steps: int) -> torch.Tensor:
         alpha_bar = f / f[0]
         return (1 - alpha_bar[1:] / alpha_bar[:-1]).clamp(max=MAX_BETA)
     raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got '{kind}'")
-
-
-def stratum_order(draws: int) -> np.ndarray:
-    """Which stratum of [1, T] draw s falls in: a permutation of 0..S−1 in van der Corput
-    order (bit reversal when S is a power of 2), so any prefix of the draws is spread out."""
-    def radical_inverse(i: int) -> float:
-        out, f = 0.0, 0.5
-        while i:
-            out += f * (i & 1)
-            i >>= 1
-            f /= 2
-        return out
-
-    vdc = np.array([radical_inverse(i) for i in range(draws)])
-    return np.argsort(np.argsort(vdc, kind="stable"), kind="stable")
-
-
-def draw_noise(
-    n: int, draws: int, dim: int, steps: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t, ε) for n examples: t int64 (n, S) stratified over [1, T], ε float32 (n, S, dim)."""
-    order = torch.from_numpy(stratum_order(draws)).double()
-    u = torch.rand(n, draws, generator=generator, dtype=torch.float64)
-    t = (1 + torch.floor((order + u) * steps / draws)).long().clamp_(1, steps)
-    eps = torch.randn(n, draws, dim, generator=generator)
-    return t, eps
 
 
 def timestep_features(steps: int, dim: int = TIME_FEATURES) -> torch.Tensor:
@@ -323,6 +301,7 @@ class DiffusionClassifier(nn.Module):
         stop_se: float = 0.0,
         stop_first: int = 2,
         stop_every: int = 1,
+        draw_perm: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.in_dim, self.n_classes = int(in_dim), int(n_classes)
@@ -344,6 +323,9 @@ class DiffusionClassifier(nn.Module):
         if self.stop_se and (self.stop_first < 2 or self.stop_every < 1):
             raise ValueError(f"sequential elimination needs stop_first >= 2 ({self.stop_first}) and stop_every >= 1 ({self.stop_every})")
         self.score_seed, self.score_rows = int(score_seed), int(score_rows)
+        self.draw_perm = [int(j) for j in draw_perm] if draw_perm is not None else None
+        if self.draw_perm is not None and sorted(self.draw_perm) != list(range(self.draws)):
+            raise ValueError(f"draw_perm must be a permutation of 0..{self.draws - 1}, got {self.draw_perm}")
         self.standardize = Standardize(self.in_dim)
         # The mlp and conv nets always have the null class's row; the UNet only when trained
         # with class dropout, so a class-conditional diffusers UNet of K classes loads as is.
@@ -401,6 +383,8 @@ class DiffusionClassifier(nn.Module):
         }
         if self.stop_se:  # (off: the arch stays as it was, same bytes on disk)
             out.update(stop_se=self.stop_se, stop_first=self.stop_first, stop_every=self.stop_every)
+        if self.draw_perm is not None:
+            out["draw_perm"] = self.draw_perm
         if self.denoiser_kind == "unet":  # (the mlp and conv arch stays as it was: same bytes on disk)
             del out["width"], out["depth"]
             out.update(network=UNET_NETWORK, **self.unet, null_class=self.null_class)
@@ -540,6 +524,9 @@ class DiffusionClassifier(nn.Module):
         """`score_draws` with sequential elimination (`stop_se` k > 0; the module docstring)."""
         n, k, s, d = len(z), self.n_classes, t.shape[1], z.shape[1]
         device = z.device
+        if self.draw_perm is not None:  # `draw_order: informative`: the most telling draws first
+            perm = torch.tensor(self.draw_perm, device=device)
+            t, eps = t[:, perm], eps[:, perm]
         w = self.steps * self.elbo_w[t] if self.weighting == "elbo" else torch.ones_like(t, dtype=torch.float64)
         err = torch.zeros(n, k, s, dtype=torch.float32, device=device)
         used = torch.zeros(n, k, dtype=torch.long, device=device)  # draws each (example, class) has been scored on
@@ -739,6 +726,8 @@ def train_diffusion(
     opts = GenerativeFitOptions.from_config(cfg)
     result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint,
                             val_objective=lambda s: model.denoising_loss(s.x, s.y))
+    if getattr(cfg, "draw_order", "strata") == "informative":
+        model.draw_perm = informative_order(model, splits["val"].x, splits["val"].y)
     return model, result
 
 
