@@ -400,6 +400,9 @@ def _pipeline(
             problem = workspace.restore(unfinished) if unfinished else None
             if problem:
                 logger.warning("dvc checkout (restoring the last good outputs) failed: %s", problem)
+    if workspace.lock_writes:
+        logger.info("dvc.lock: %d stage entries in %d writes, %.1f s", len(workspace.finished),
+                    workspace.lock_writes, workspace.lock_write_s)
     if stop.signum:
         stopped = [s for s in stages if s in unfinished and s not in failed]
         line = stop_line(stop.signum, stopped, failed, problem)

@@ -113,6 +113,7 @@ class DvcWorkspace:
         self.finished: set[str] = set()  # stages recorded (by finish() or from the run cache)
         self.unwritten: list[str] = []  # recorded stages whose dvc.lock entries are not written yet
         self.lock_writes = 0  # rewrites of dvc.lock so far
+        self.lock_write_s = 0.0  # ... and the seconds they took
         self.write_gap_s = LOCK_WRITE_GAP_S if write_gap_s is None else write_gap_s
         self.write_ratio = LOCK_WRITE_RATIO if write_ratio is None else write_ratio
         self._write_mutex = threading.Lock()  # one write of dvc.lock at a time
@@ -220,6 +221,7 @@ class DvcWorkspace:
                 for name in sorted(set(names), key=lambda n: self.rank.get(n, len(self.rank))):
                     stage = self.stages[name]
                     by_file.setdefault(stage.dvcfile._lockfile.path, []).append(serialize.to_lockfile(stage))
+            start = time.monotonic()
             try:
                 for path, entries in by_file.items():
                     self._write_entries(path, entries, modify_yaml)
@@ -228,6 +230,7 @@ class DvcWorkspace:
                     self.unwritten[:0] = names
                 raise
             self.lock_writes += 1
+            self.lock_write_s += time.monotonic() - start
 
     def _write_entries(self, path: str, entries: list[dict[str, Any]], modify_yaml: Any) -> None:
         # Lockfile.dump_stages, for several stages at once, then the serial order.
