@@ -6,7 +6,7 @@ Real processes, real signals, real DVC and Prefect, on small hand-written DVC pr
   SIGINT on its process group mid-stage, as a terminal's Ctrl-C, or SIGTERM on its pid: it stops
   within 10 s, exits 130 / 143 with one line, puts the interrupted stages' last good outputs
   back from DVC's cache, leaves dvc.lock as it was and no process of the run behind;
-- a process writing dvc.lock through the flow's own write paths (`Stage.dump`, the re-ordering)
+- a process writing dvc.lock through the flow's own write paths (`DvcWorkspace.write_lock`, `Stage.dump`)
   is SIGKILLed mid-write, again and again: dvc.lock is always the old or the new file, whole;
 - refusals inside a flow run end it Failed with the command line's one line in the run's log,
   not a traceback.
