@@ -148,8 +148,8 @@ def test_new_dvc_lock_entries_come_in_the_serial_order(harness, tmp_path, monkey
 def test_dvc_lock_is_written_in_batches_and_comes_out_as_serial_dvc_repro_writes_it(harness, tmp_path, monkeypatch, serial):
     """One rewrite of dvc.lock per stage costs ~20-30 s at the evidence recipe's ~600 entries: the
     flow writes every entry recorded since its last write at once. With a gap longer than the
-    run, the first recorded stage is written at once and the other four at the end, in one
-    write: the same bytes as serial `dvc repro`."""
+    run, what is recorded first is written at once and the rest at the end, in one write: the
+    same bytes as serial `dvc repro`."""
     import pipeline.parallel as parallel
     from pipeline.flows import pipeline
 
@@ -167,7 +167,9 @@ def test_dvc_lock_is_written_in_batches_and_comes_out_as_serial_dvc_repro_writes
     monkeypatch.setattr(parallel.DvcWorkspace, "_write_entries", spy)
     states = pipeline(root=str(root), max_parallel=2)
     assert set(states.values()) == {"ran"}
-    assert len(writes) == 2 and len(writes[0]) == 1, writes
+    # The first write comes as soon as something is recorded (one entry, or both gen stages when
+    # they finish within a moment of each other); everything after waits for the end: one write.
+    assert len(writes) == 2 and "join" not in writes[0], writes
     assert sorted(writes[0] + writes[1]) == ["gen@a", "gen@b", "gen@c", "gen@d", "join"]
     assert record(root) == serial
 

@@ -466,7 +466,7 @@ def evidence_section(evidence: dict[str, Evidence]) -> tuple[list[str], list[lis
     rows, notes = [], []
     for base, e in evidence.items():
         small = e.smallest_group
-        rows.append([base, str(len(e.replicates)), e.prediction or "none (regime not recorded)", fmt_gap(e.gap_worst_group),
+        rows.append([base, str(len(e.replicates)), e.prediction or "no call (the regime line under each dataset says why)", fmt_gap(e.gap_worst_group),
                      fmt_gap(e.gap_drop), e.verdict_text(), f"{small.get('test_id', '—')} / {small.get('test_ood', '—')}"])
         families = (f"generative: {', '.join(e.generative) or 'none'}; reference: {', '.join(e.reference) or 'none'}"
                     + (f" (not in this run: {', '.join(e.absent_reference)})" if e.absent_reference else ""))
