@@ -244,8 +244,14 @@ def test_overrides_make_the_run_a_dvc_experiment(first_run, repo):
     tasks, _, _ = run_info(state)
     assert tasks["set-params"] == "Completed" and tasks["dvc-exp-save"] == "Completed"
     with Repo(str(repo)) as dvc_repo:
-        names = [name for exps in dvc_repo.experiments.ls().values() for name, _ in exps]
-    assert experiment_name(_flow_run_name(state)) in names
+        revs = {name: rev for exps in dvc_repo.experiments.ls().values() for name, rev in exps}
+    name = experiment_name(_flow_run_name(state))
+    assert name in revs
+    # `dvc exp save` commits the run's last stage only (the flow recorded the others): the
+    # experiment still holds the whole run, its dvc.lock and params.yaml as the workspace has them.
+    for path in ("dvc.lock", "params.yaml"):
+        committed = subprocess.run(["git", "show", f"{revs[name]}:{path}"], cwd=repo, capture_output=True, text=True, check=True)
+        assert committed.stdout == (repo / path).read_text(), path
 
 
 def _flow_run_name(state: Any) -> str:
