@@ -1,6 +1,6 @@
 """The flow starts stage processes with glibc's malloc keeping large blocks (pipeline.flows.MALLOC_ENV):
 the setting is in the environment they start from, a user's own value wins, and glibc honours it
-(a process that allocates and frees a 64 MiB array 20 times takes far fewer page faults)."""
+(a 64 MiB array comes from the heap, not from a mapping of its own that `free` hands back)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,29 @@ import textwrap
 
 from pipeline.flows import MALLOC_ENV, tool_env
 
-FAULTS = textwrap.dedent("""
-    import resource
+# glibc's mallinfo2(): `hblkhd` is the bytes held in mmap'ed chunks (each returned to the kernel
+# when freed), `arena` the bytes of the heap.
+MAPPED = textwrap.dedent("""
+    import ctypes
     import numpy as np
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(20):
-        a = np.ones(64 << 17)  # 64 MiB of float64, above glibc's largest adaptive mmap threshold
-        del a
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    a = np.ones(64 << 17)  # 64 MiB of float64, above glibc's largest adaptive mmap threshold (32 MiB)
+    info = mallinfo2()
+    print(info.hblkhd, info.arena)
 """)
+MIB = 1 << 20
 
 
-def faults(env: dict[str, str]) -> int:
-    return int(subprocess.run([sys.executable, "-c", FAULTS], env=env, capture_output=True, text=True, check=True).stdout)
+def mapped_and_heap(env: dict[str, str]) -> tuple[int, int]:
+    out = subprocess.run([sys.executable, "-c", MAPPED], env=env, capture_output=True, text=True, check=True).stdout
+    mapped, heap = map(int, out.split())
+    return mapped, heap
 
 
 def test_stage_processes_start_with_malloc_keeping_large_blocks(monkeypatch):
@@ -31,9 +41,12 @@ def test_stage_processes_start_with_malloc_keeping_large_blocks(monkeypatch):
     env = tool_env()
     assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
     plain = {k: v for k, v in env.items() if k not in MALLOC_ENV}
-    kept, freed = faults(env), faults(plain)
-    # Without it each 64 MiB array is mapped afresh and faulted in; with it the heap keeps the block.
-    assert kept * 5 < freed, (kept, freed)
+    # glibc's defaults map the array on its own (freed: unmapped, faulted in afresh next time) ...
+    mapped, _ = mapped_and_heap(plain)
+    assert mapped >= 64 * MIB, mapped
+    # ... the flow's settings put it in the heap, which keeps it when freed.
+    mapped, heap = mapped_and_heap(env)
+    assert mapped < 64 * MIB <= heap, (mapped, heap)
 
 
 def test_a_value_in_the_shell_wins(monkeypatch):
