@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,13 +36,17 @@ def digest(path: Path) -> str:
 
 
 def run_once(cmd: list[str], root: Path, env: dict[str, str]) -> dict[str, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+    # stderr to a file, not a pipe: a stage's progress lines would fill a pipe nobody reads while
+    # wait4 waits for the process.
+    with tempfile.TemporaryFile("w+") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            log.seek(0)
+            sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log.read()[-3000:]}")
     return {"wall": wall, "user": usage.ru_utime, "sys": usage.ru_stime, "rss_gb": usage.ru_maxrss / 1024**2}
 
 
