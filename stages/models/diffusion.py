@@ -36,11 +36,16 @@ class DiffusionConfig(GenerativeFitConfig):
     prune_draws: int = option("draws that score every class before pruning")
     stop_se: float = option(
         "sequential elimination (per example): drop a class once its paired mean error difference to the "
-        "leader exceeds stop_se standard errors; stop when one class is left or at `draws` (0 = off; "
+        "leader clears the one-sided level Phi(-stop_se) of `stop_test`; stop when one class is left or at `draws` (0 = off; "
         "prune_keep > 0 takes its place; draws <= stop_first scores every class on every draw)"
     )
     stop_first: int = option("sequential elimination: draws every class gets before the first test (>= 2)")
     stop_every: int = option("sequential elimination: draws per round after the first test")
+    stop_test: str = option(
+        "sequential elimination's test: t_pooled (sd pooled over the classes still in, Student-t quantile of "
+        "the one-sided level Phi(-stop_se) at the pooled degrees of freedom) | t (each class's own sd, t quantile) | "
+        "z (each class's own sd, stop_se itself: the rule before t_pooled; too eager after few draws)"
+    )
     draw_order: str = option(
         "sequential elimination: the order it takes the draws in: strata (as drawn, spread over t) | informative "
         "(the timestep strata that separate the classes best on val first: stages/models/draw_order.py)"
@@ -72,6 +77,7 @@ class DiffusionConfig(GenerativeFitConfig):
         if self.stop_se:
             c.require(self.stop_first >= 2, "stop_first", f"must be >= 2 when stop_se > 0 (a standard error needs 2 draws), got {self.stop_first}")
             c.require(self.stop_every >= 1, "stop_every", f"must be >= 1, got {self.stop_every}")
+            c.choice(self.stop_test, "stop_test", list(STOP_TESTS))
         c.choice(self.draw_order, "draw_order", ["strata", "informative"])
         c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
 
@@ -94,6 +100,7 @@ SCHEDULES = ("linear", "cosine")
 
 
 WEIGHTINGS = ("simple", "elbo")
+STOP_TESTS = ("t_pooled", "t", "z")  # sequential elimination's test (DiffusionClassifier.stop_threshold)
 
 
 DENOISERS = ("auto", "mlp", "conv", "unet")

@@ -22,6 +22,13 @@ changes. The test's standard error still treats the draws seen so far as a sampl
 which ordered draws are not (the first ones are the most telling), so the rule is measured,
 not proven: `python -m benchmarks.bench_scoring` prints its agreement with full scoring.
 
+It is ranked in distribution, and under a shift that can break it: on the default run's
+2-class Gaussian shortcut model (README, "Scoring at a fraction of the cost") the order ranked
+on val, where the shortcut holds, lets sequential elimination agree with full scoring on only
+96.1 % of the shifted test_ood rows, where it does not (the drawn order: 99.2 %; 2,000 rows).
+On 10-class digits (no shift) it is cheap and safe (0.09x at 99.9 %). Hence an option for data
+without a shift between val and test, not the default.
+
 Deterministic: the draws come from a generator seeded with the model's `score_seed`, the
 examples are the first `limit` of the split in their stored order.
 """
