@@ -94,8 +94,10 @@ def load_lock(root: Path | None) -> dict[str, Any]:
         return {}
     import yaml
 
+    from pipeline.workspace import read_lock
+
     try:
-        lock = yaml.safe_load((root / "dvc.lock").read_text()) or {}
+        lock = read_lock(root) or {}
     except yaml.YAMLError as e:
         raise InspectError(f"{root / 'dvc.lock'}: not valid YAML ({e})") from e
     except RecursionError:

@@ -264,13 +264,9 @@ class DvcWorkspace:
         return None
 
     def _lock_keys(self) -> list[str]:
-        import yaml
+        from pipeline.workspace import read_lock
 
-        path = Path(self.root) / "dvc.lock"
-        if not path.is_file():
-            return []
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the ~600-entry lock of a big run in ~1 s
-        return list((yaml.load(path.read_text(), Loader=loader) or {}).get("stages") or {})
+        return list((read_lock(Path(self.root)) or {}).get("stages") or {})
 
     def close(self) -> None:
         """Write what is left of dvc.lock (write_lock), stop the writer, close DVC's Repo."""

@@ -102,13 +102,10 @@ def publish(root: str, datasets: list[str]) -> list[str]:
 
 def parquet_outputs(root: Path) -> list[tuple[str, str]]:
     """(path, md5) of every Parquet output in dvc.lock, including files inside output folders."""
-    import yaml
+    from pipeline.workspace import read_lock
 
-    lock = root / "dvc.lock"
-    if not lock.is_file():
-        return []
     found: dict[str, str] = {}
-    for stage in (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).values():
+    for stage in (read_lock(root) or {}).get("stages", {}).values():
         for out in stage.get("outs", []):
             path = Path(out["path"])
             if path.suffix == ".parquet":

@@ -132,3 +132,21 @@ def test_hostile_metadata_gives_bounded_output(project: Path, capsys: pytest.Cap
     assert "more keys" in out and "chars)" in out
     assert inspect.main(["data/hostile.parquet", "--json"]) == 0
     assert len(capsys.readouterr().out) < 80_000
+
+
+def test_dvc_lock_is_parsed_once_while_it_is_unchanged_and_again_after_a_rewrite(project: Path) -> None:
+    """`inspect data` asks for the lock once per file: it is parsed once (a 600-stage lock takes
+    the pure-Python YAML loader ~30 s), and a lock DVC replaced is read anew."""
+    from pipeline.workspace import read_lock
+
+    first = read_lock(project)
+    assert first is read_lock(project) and "stages" in first
+    lock = project / "dvc.lock"
+    text = yaml.safe_load(lock.read_text())
+    text["stages"]["extra"] = {"cmd": "true"}
+    tmp = project / "dvc.lock.new"
+    tmp.write_text(yaml.safe_dump(text))
+    tmp.replace(lock)  # as DVC writes it: a new file in its place
+    again = read_lock(project)
+    assert again is not first and "extra" in again["stages"]
+    assert read_lock(project / "nowhere") is None
