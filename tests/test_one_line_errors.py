@@ -34,6 +34,9 @@ SMALL = [f"dataset.{DS}.n_train=400", f"dataset.{DS}.n_val=100", f"dataset.{DS}.
 # Training that would take minutes: a refusal within seconds proves it never started.
 LONG = ["method.erm.epochs=100000"]
 SEED_RANGE = "[0, 4294967295]"
+# One worker runs the module: the cases' fixture (every case, each a fresh interpreter) is built once,
+# not once on each xdist worker that happens to draw one of its tests.
+pytestmark = pytest.mark.xdist_group("one_line_errors")
 
 
 def file_at(rel: str) -> Callable[[Path], None]:

@@ -106,16 +106,20 @@ def stage_main(
         print(f"{name}: error: {where}{e.strerror or e} (outputs are written atomically: none was half-written)", file=sys.stderr)
         return 2
     print(f"{name}: {summary}")
-    _record_imports()
+    _record_imports(name)
     return 0
 
 
-def _record_imports() -> None:
+def _record_imports(name: str) -> None:
     """With SHIFTLAB_IMPORTS=<file>, write the project modules this run imported (one path a
-    line): tests/test_dvc_pipeline.py checks each is among the stage's DVC deps."""
+    line); with SHIFTLAB_IMPORTS=<folder>, write them to <folder>/<stage>.txt, the stage being
+    DVC's name for it (DVC_STAGE, which `dvc repro` and the flow set) or else `name`.
+    tests/test_dvc_pipeline.py checks each is among the stage's DVC deps."""
     out = os.environ.get("SHIFTLAB_IMPORTS")
     if not out:
         return
+    if Path(out).is_dir():
+        out = str(Path(out) / f"{os.environ.get('DVC_STAGE') or name}.txt")
     files = sorted(
         Path(m.__file__).resolve().relative_to(Path.cwd().resolve()).as_posix()
         for name, m in list(sys.modules.items())
