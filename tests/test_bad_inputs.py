@@ -30,6 +30,9 @@ from stages.core import config
 from stages.core.artifacts import model_dir, prepared_path, prepared_schema, pretrained_dir
 from stages.core.io import numpy_to_fixed_list, save_weights, write_parquet
 
+# One worker runs the module: its module-scoped fixture is built once, not on each xdist worker.
+pytestmark = pytest.mark.xdist_group("bad_inputs")
+
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
 P = prepared_path(DS)

@@ -33,6 +33,9 @@ from stages.core.artifacts import (
 )
 from stages.core.io import numpy_to_fixed_list, write_parquet
 
+# One worker runs the module: its module-scoped fixture is built once, not on each xdist worker.
+pytestmark = pytest.mark.xdist_group("kill_resume")
+
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
 SIZES = {"train": 200, "val": 100, "test_id": 100, "test_ood": 100}
