@@ -51,14 +51,14 @@ def expected_code(name: str, params) -> set[str]:
     elif stage == "phase":
         files.append(ROOT / "stages/datasets" / f"{params.phase.base.kind}.py")
         files.append(ROOT / "stages/models" / f"{params.phase.generative.kind}.py")
-    return set(dag.closure(files, ROOT))
+    return set(dag.code_deps(dag.closure(files, ROOT)))
 
 
 def test_every_stage_depends_on_exactly_the_code_it_runs(stage_deps):
     params = OmegaConf.load(ROOT / "params.yaml")
     assert len(stage_deps) > 40
     for name, deps in stage_deps.items():
-        code = {d for d in deps if d.startswith("stages/") and d.endswith(".py")}
+        code = {d for d in deps if d.startswith("stages/") and (d.endswith(".py") or d in dag.SHARED)}
         assert code == expected_code(name, params), name
 
 
@@ -87,13 +87,38 @@ def test_a_kind_with_more_code_than_the_slots_is_an_error(tmp_path):
     (root / "stages" / "__init__.py").write_text("")
     (root / "stages" / "models" / "__init__.py").write_text("")
     (root / "stages" / "train.py").write_text("")
-    names = [f"m{i}" for i in range(dag.SLOTS + 1)]
+    names = [f"m{i}" for i in range(dag.SLOTS["train"] + 1)]
     for n in names:
         (root / "stages" / "models" / f"{n}.py").write_text("")
     (root / "stages" / "models" / "big.py").write_text("".join(f"import stages.models.{n}\n" for n in names))
     with pytest.raises(ValueError, match="raise stages/dag.py SLOTS"):
         dag.kind_code("train", ["stages.models.big"], root)
-    assert dag.kind_code("train", ["stages.models.m0"], root) == ["stages/models/m0.py"] * dag.SLOTS
+    assert dag.kind_code("train", ["stages.models.m0"], root) == ["stages/models/m0.py"] * dag.SLOTS["train"]
+
+
+def test_the_slots_fit_every_kind_in_the_repository():
+    """Every method and dataset module (and every pairing evaluate and the phase diagram can make)
+    adds no more code deps than its stage's slots: a new kind that needs more fails here, not in a
+    user's `dvc exp run`."""
+    methods = sorted(registry.methods())
+    datasets = sorted(registry.datasets())
+    mkind = {m: f"stages.models.{m}" for m in methods}
+    dmod = [f"stages.datasets.{d}" for d in datasets]
+    for d in dmod:
+        dag.kind_code("prepare", [d])
+    for m in methods:
+        dag.kind_code("train", [mkind[m]])
+        dag.kind_code("distill", dag.model_modules(m))
+        for d in dmod:
+            dag.kind_code("evaluate", [*dag.model_modules(m), d])
+            dag.kind_code("phase", [d, mkind[m]])
+
+
+def test_a_shared_package_is_one_directory_dependency():
+    assert dag.code_deps(["stages/core/io.py", "stages/core/cli.py", "stages/train.py"]) == ["stages/core", "stages/train.py"]
+    for stage in dag.ENTRYPOINTS:
+        code = dag.entrypoint_code(stage)
+        assert "stages/core" in code and not any(c.startswith("stages/core/") for c in code), (stage, code)
 
 
 def test_imports_follow_functions_but_not_type_checking(tmp_path):
