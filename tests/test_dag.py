@@ -104,14 +104,15 @@ def test_the_slots_fit_every_kind_in_the_repository():
     datasets = sorted(registry.datasets())
     mkind = {m: f"stages.models.{m}" for m in methods}
     dmod = [f"stages.datasets.{d}" for d in datasets]
-    for d in dmod:
-        dag.kind_code("prepare", [d])
+    items = [("prepare", [d]) for d in dmod]
     for m in methods:
-        dag.kind_code("train", [mkind[m]])
-        dag.kind_code("distill", dag.model_modules(m))
-        for d in dmod:
-            dag.kind_code("evaluate", [*dag.model_modules(m), d])
-            dag.kind_code("phase", [d, mkind[m]])
+        items += [("train", [mkind[m]]), ("distill", dag.model_modules(m))]
+        items += [(stage, mods) for d in dmod for stage, mods in (("evaluate", [*dag.model_modules(m), d]), ("phase", [d, mkind[m]]))]
+    for stage, mods in items:
+        code = dag.kind_code(stage, mods)  # raises when the kind needs more slots
+        assert len(code) == dag.SLOTS[stage], (stage, mods)
+    for m in methods:  # a method's own module is among its train stage's slots
+        assert f"stages/models/{m}.py" in dag.kind_code("train", [mkind[m]]), m
 
 
 def test_a_shared_package_is_one_directory_dependency():
