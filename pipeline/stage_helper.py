@@ -78,6 +78,10 @@ def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str
     import runpy
 
     os.chdir(cwd)
+    # The helper's own modules (this one, its package) are not the command's: it imports every
+    # project module fresh from `cwd`, as `python -m` would (the helper may serve another workspace).
+    for name in [n for n in sys.modules if n.split(".")[0] in ("pipeline", "stages")]:
+        del sys.modules[name]
     os.environ.clear()
     os.environ.update(env)
     sys.path[0] = cwd  # what `python -m` puts first

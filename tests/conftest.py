@@ -33,3 +33,11 @@ def harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One PREFECT_HOME per test process for the flow's command-line runs (`python -m
+    pipeline.flows`, as `make repro` runs it, starts a temporary server on this home's SQLite
+    database): the database is created by the first run (~10 s of migrations) and reused after."""
+    return tmp_path_factory.mktemp("prefect-home")

@@ -1,7 +1,9 @@
-"""End to end: the real `dvc repro` / `dvc exp run` on the tiny experiment, in a temp copy of the repo.
+"""End to end on the tiny experiment, in a temp copy of the repo: `make repro`'s flow runs the
+whole DAG once, then the real `dvc repro` / `dvc status` / `dvc exp run` work on what it left.
 
-One module-scoped copy runs the whole DAG once; the tests after it mutate it in order
-(they share one xdist group so they run in this order in one worker).
+One session-scoped copy; the tests after it mutate it in order (they share one xdist group so
+they run in this order in one worker). The plain serial `dvc repro` of a whole DAG is run by
+tests/test_replicates.py, tests/test_builtin_datasets.py and tests/test_hf_text.py.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ MODELS = TINY_RUN["methods"] + [f"{t}_student" for t in TINY_RUN["teachers"]]
 
 
 
-def sh(*cmd: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=cwd, env={**project_env(), **(env or {})}, text=True, capture_output=True, timeout=600)
+def sh(*cmd: str, cwd: Path, check: bool = True, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in the project copy; `env` adds variables to project_env() (None removes one)."""
+    env = {k: v for k, v in {**project_env(), **(env or {})}.items() if v is not None}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -50,10 +54,14 @@ def lock_hashes(repo: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def repo(tmp_path_factory) -> Path:
+def repo(tmp_path_factory, prefect_home) -> Path:
     """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml,
-    built once per test process (session scope: another module's tests running in between on
-    the same worker must not make pytest tear it down and build it again)."""
+    its whole DAG run once as `make repro` runs it: `python -m pipeline.flows` (Prefect's
+    temporary server, each stage recorded by DVC as `dvc repro` records it, stage commands forked
+    from warm helpers). The tests below then drive the real `dvc repro`, `dvc status` and `dvc exp
+    run` on it: the first `dvc repro` finds nothing to do. Built once per test process (session
+    scope: another module's tests running in between on the same worker must not make pytest tear
+    it down and build it again)."""
     dest = tmp_path_factory.mktemp("repo")
     copy_project(ROOT, dest)
     sh("git", "init", "-q", cwd=dest)
@@ -63,12 +71,13 @@ def repo(tmp_path_factory) -> Path:
     # Every stage notes the project modules it imported (stages/core/cli.py), for the deps test below.
     imports = dest / "scratch" / "imports"
     imports.mkdir(parents=True)
-    proc = sh("dvc", "repro", cwd=dest, env={"SHIFTLAB_IMPORTS": str(imports)})
+    env = {"SHIFTLAB_IMPORTS": str(imports), "PREFECT_HOME": str(prefect_home), "PREFECT_API_URL": None}
+    proc = sh(sys.executable, "-m", "pipeline.flows", cwd=dest, env=env)
     dest.joinpath("first_repro.log").write_text(proc.stdout + proc.stderr)
     return dest
 
 
-def test_repro_runs_every_stage_and_writes_the_contract(repo):
+def test_make_repro_runs_every_stage_and_writes_the_contract(repo):
     ran = ran_stages((repo / "first_repro.log").read_text())
     for ds in DATASETS:
         for stage in ("prepare", "validate", "pretrain"):

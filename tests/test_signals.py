@@ -115,12 +115,6 @@ def run_processes(marker: str) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One PREFECT_HOME for the module's command-line runs: its database is created once (~8 s)."""
-    return tmp_path_factory.mktemp("prefect-home")
-
-
 def start_flow(root: Path, home: Path, marker: str, *args: str, stubborn: str = "") -> subprocess.Popen[str]:
     """`python -m pipeline.flows` as `make repro` runs it: no PREFECT_API_URL (Prefect starts its own
     temporary server, here with PREFECT_HOME `home`), in a session of its own (its pgid is its pid)."""
