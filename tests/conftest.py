@@ -36,8 +36,26 @@ def harness():
 
 
 @pytest.fixture(scope="session")
-def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def prefect_home(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """One PREFECT_HOME per test process for the flow's command-line runs (`python -m
     pipeline.flows`, as `make repro` runs it, starts a temporary server on this home's SQLite
-    database): the database is created by the first run (~10 s of migrations) and reused after."""
-    return tmp_path_factory.mktemp("prefect-home")
+    database). Its database comes migrated: `prefect server database upgrade` (~10 s) runs once
+    per test session, under a file lock shared by the xdist workers, and each worker copies it."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    # xdist's workers share the basetemp's parent; without xdist this session has its own basetemp
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    template = shared / "prefect-db-template"
+    with FileLock(str(template) + ".lock"):
+        if not (template / "prefect.db").is_file():
+            template.mkdir(exist_ok=True)
+            env = {**os.environ, "PREFECT_HOME": str(template)}
+            env.pop("PREFECT_API_DATABASE_CONNECTION_URL", None)
+            subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
+                           check=True, capture_output=True, timeout=300)
+        shutil.copy(template / "prefect.db", home / "prefect.db")
+    return home

@@ -19,19 +19,28 @@ def project_env() -> dict[str, str]:
     return env
 
 
-def repro_project(dest: Path, overrides: list[str], *targets: str) -> str:
+def repro_project(dest: Path, overrides: list[str], *targets: str, prefect_home: Path | None = None) -> str:
     """Compose `overrides` into params.yaml of a fresh copy of the project at `dest` and run the real
-    `dvc repro` of `targets` (all stages when none); returns DVC's log, fails naming the command."""
+    `dvc repro` of `targets` (all stages when none); returns DVC's log, fails naming the command.
+
+    With `prefect_home`, the run is `make repro`'s instead: `python -m pipeline.flows` (its
+    temporary Prefect server on that PREFECT_HOME, stage commands forked from warm helpers, each
+    stage recorded by DVC as `dvc repro` records it); the log is the flow's, whose "Running stage
+    '<name>'" lines are DVC's."""
     from pipeline.workspace import copy_project
 
     env = project_env()
 
-    def sh(*cmd: str) -> str:
+    def sh(*cmd: str, env: dict[str, str] = env) -> str:
         proc = subprocess.run(cmd, cwd=dest, env=env, text=True, capture_output=True, timeout=600)
         assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        return proc.stdout
+        return proc.stdout + proc.stderr
 
     copy_project(ROOT, dest)
     sh("git", "init", "-q")
     sh(sys.executable, "-m", "stages.core.config", "compose", *overrides)
-    return sh("dvc", "repro", *targets)
+    if prefect_home is None:
+        return sh("dvc", "repro", *targets)
+    flow_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}  # the flow starts its own server
+    flow_env["PREFECT_HOME"] = str(prefect_home)
+    return sh(sys.executable, "-m", "pipeline.flows", *(a for t in targets for a in ("--target", t)), env=flow_env)

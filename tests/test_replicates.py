@@ -175,10 +175,12 @@ def ran_stages(log: str) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("replicates_dvc")
-def test_dvc_repro_trains_each_seed_once_on_its_own_instance(tmp_path: Path) -> None:
-    # The report and what it reads (pretrain is the one stage no lda model needs): each instance is
-    # prepared, validated, trained on and evaluated, and seed k's model sees instance k only.
-    log = repro_project(tmp_path, TINY, "report")
+def test_make_repro_trains_each_seed_once_on_its_own_instance(tmp_path: Path, prefect_home: Path) -> None:
+    # The report and what it reads (pretrain is the one stage no lda model needs), run as `make
+    # repro` runs it (the flow; tests/test_builtin_datasets.py runs a whole DAG with plain `dvc
+    # repro`): each instance is prepared, validated, trained on and evaluated, and seed k's model
+    # sees instance k only.
+    log = repro_project(tmp_path, TINY, "report", prefect_home=prefect_home)
     ran = ran_stages(log)
     inst = {d: [f"{d}_seed{s}" for s in (0, 1)] for d in ("gaussian_shortcut", "colored_digits")}
     expected = {"phase", "report"}

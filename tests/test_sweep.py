@@ -19,7 +19,9 @@ from pipeline.workspace import copy_project
 from tests.support import project_env
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sweep")]
+# One xdist group with the other modules that use the `harness` fixture: one Prefect test server
+# (~11 s to start and migrate its database) per test process, not one on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 
 SMOKE = ["experiment=tiny", "run.datasets=[gaussian_shortcut]", "run.methods=[lda]", "run.teachers=[]", "run.models=[lda]"]
 # shrinkage must be in [0, 1]: the 1.5 point fails in its train stage, after the shared stages.
