@@ -36,7 +36,7 @@ def harness():
 
 
 @pytest.fixture(scope="session")
-def prefect_home(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+def prefect_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One PREFECT_HOME per test process for the flow's command-line runs (`python -m
     pipeline.flows`, as `make repro` runs it, starts a temporary server on this home's SQLite
     database). Its database comes migrated: `prefect server database upgrade` (~10 s) runs once
@@ -48,7 +48,7 @@ def prefect_home(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pa
 
     home = tmp_path_factory.mktemp("prefect-home")
     # xdist's workers share the basetemp's parent; without xdist this session has its own basetemp
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    shared = tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path_factory.getbasetemp()
     template = shared / "prefect-db-template"
     with FileLock(str(template) + ".lock"):
         if not (template / "prefect.db").is_file():
