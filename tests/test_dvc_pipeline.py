@@ -2,8 +2,9 @@
 whole DAG once, then the real `dvc repro` / `dvc status` / `dvc exp run` work on what it left.
 
 One session-scoped copy; the tests after it mutate it in order (they share one xdist group so
-they run in this order in one worker). The plain serial `dvc repro` of a whole DAG is run by
-tests/test_replicates.py, tests/test_builtin_datasets.py and tests/test_hf_text.py.
+they run in this order in one worker). Plain serial `dvc repro` runs a whole DAG in
+tests/test_builtin_datasets.py (shortcut_text) and parts of DAGs there and in test_hf_text.py,
+test_backbones.py and test_unet_diffusion.py.
 """
 
 from __future__ import annotations

@@ -63,6 +63,21 @@ def test_commands_behave_as_python_dash_m(project: Path) -> None:
         assert (project / "hello.txt").read_text() == "hi"
 
 
+def test_a_command_imports_the_project_from_its_workspace_not_the_helpers(project: Path) -> None:
+    """The helper itself runs this repository's `pipeline` package; a command forked from it must
+    not see it: it imports `pipeline`/`stages` from its own working directory, as `python -m` does
+    (a flow started with --root on another checkout runs that checkout's code)."""
+    (project / "pipeline").mkdir()
+    (project / "pipeline" / "__init__.py").write_text("WHERE = 'the workspace'\n")
+    (project / "which.py").write_text(
+        "import sys\nprint(sorted(n for n in sys.modules if n.split('.')[0] in ('pipeline', 'stages')))\n"
+        "import pipeline\nprint(pipeline.WHERE)\n")
+    expected = shell(project, "which")
+    assert expected == (0, "[]\nthe workspace\n")
+    with StageHelper(str(project), env()) as helper:
+        assert helper.run_module("which", [], str(project), env()) == expected
+
+
 def test_big_output_does_not_block_and_nothing_leaks_into_the_protocol(project: Path) -> None:
     with StageHelper(str(project), env()) as helper:
         rc, output = helper.run_module("loud", [], str(project), env())
