@@ -19,6 +19,14 @@ def project_env() -> dict[str, str]:
     return env
 
 
+def flow_env(prefect_home: Path) -> dict[str, str]:
+    """project_env() for `python -m pipeline.flows` as `make repro` runs it: no PREFECT_API_URL
+    (the flow starts its own temporary server), that server's database under `prefect_home`."""
+    env = {k: v for k, v in project_env().items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(prefect_home)
+    return env
+
+
 def repro_project(dest: Path, overrides: list[str], *targets: str, prefect_home: Path | None = None) -> str:
     """Compose `overrides` into params.yaml of a fresh copy of the project at `dest` and run the real
     `dvc repro` of `targets` (all stages when none); returns DVC's log, fails naming the command.
@@ -41,6 +49,4 @@ def repro_project(dest: Path, overrides: list[str], *targets: str, prefect_home:
     sh(sys.executable, "-m", "stages.core.config", "compose", *overrides)
     if prefect_home is None:
         return sh("dvc", "repro", *targets)
-    flow_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}  # the flow starts its own server
-    flow_env["PREFECT_HOME"] = str(prefect_home)
-    return sh(sys.executable, "-m", "pipeline.flows", *(a for t in targets for a in ("--target", t)), env=flow_env)
+    return sh(sys.executable, "-m", "pipeline.flows", *(a for t in targets for a in ("--target", t)), env=flow_env(prefect_home))

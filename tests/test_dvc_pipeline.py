@@ -22,7 +22,7 @@ import yaml
 from pipeline.workspace import copy_project
 from stages.core import artifacts
 from stages.core.io import read_json, read_parquet
-from tests.support import project_env
+from tests.support import flow_env, project_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dvc")]
@@ -36,10 +36,8 @@ MODELS = TINY_RUN["methods"] + [f"{t}_student" for t in TINY_RUN["teachers"]]
 
 
 
-def sh(*cmd: str, cwd: Path, check: bool = True, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `cmd` in the project copy; `env` adds variables to project_env() (None removes one)."""
-    env = {k: v for k, v in {**project_env(), **(env or {})}.items() if v is not None}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
+def sh(*cmd: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=cwd, env=env or project_env(), text=True, capture_output=True, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -72,8 +70,7 @@ def repo(tmp_path_factory, prefect_home) -> Path:
     # Every stage notes the project modules it imported (stages/core/cli.py), for the deps test below.
     imports = dest / "scratch" / "imports"
     imports.mkdir(parents=True)
-    env = {"SHIFTLAB_IMPORTS": str(imports), "PREFECT_HOME": str(prefect_home), "PREFECT_API_URL": None}
-    proc = sh(sys.executable, "-m", "pipeline.flows", cwd=dest, env=env)
+    proc = sh(sys.executable, "-m", "pipeline.flows", cwd=dest, env={**flow_env(prefect_home), "SHIFTLAB_IMPORTS": str(imports)})
     dest.joinpath("first_repro.log").write_text(proc.stdout + proc.stderr)
     return dest
 

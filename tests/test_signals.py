@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import project_env
+from tests.support import flow_env, project_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
@@ -118,9 +118,8 @@ def run_processes(marker: str) -> list[str]:
 def start_flow(root: Path, home: Path, marker: str, *args: str, stubborn: str = "") -> subprocess.Popen[str]:
     """`python -m pipeline.flows` as `make repro` runs it: no PREFECT_API_URL (Prefect starts its own
     temporary server, here with PREFECT_HOME `home`), in a session of its own (its pgid is its pid)."""
-    env = {**project_env(), "PYTHONPATH": str(ROOT), "SHIFTLAB_TEST_RUN": marker, "STUBBORN": stubborn,
-           "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
+    env = {**flow_env(home), "PYTHONPATH": str(ROOT), "SHIFTLAB_TEST_RUN": marker, "STUBBORN": stubborn,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     return subprocess.Popen([sys.executable, "-m", "pipeline.flows", "--root", str(root), "--max-parallel", "2", *args],
                             cwd=root, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
