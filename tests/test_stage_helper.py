@@ -78,6 +78,20 @@ def test_a_command_imports_the_project_from_its_workspace_not_the_helpers(projec
         assert helper.run_module("which", [], str(project), env()) == expected
 
 
+def test_the_first_training_command_loads_torchdynamo_in_the_helper_for_every_later_one(project: Path) -> None:
+    """PRELOAD_FOR: TorchDynamo (what torch.optim imports on first use, ~1 s) is imported by the
+    helper just before it forks its first `stages.train` command, so that one and every later
+    command find it loaded; a helper that runs no training command never imports it."""
+    (project / "stages").mkdir()
+    (project / "stages" / "__init__.py").write_text("")
+    for name in ("report", "train"):
+        (project / "stages" / f"{name}.py").write_text("import sys\nprint('torch._dynamo' in sys.modules)\n")
+    with StageHelper(str(project), env()) as helper:
+        assert helper.run_module("stages.report", [], str(project), env()) == (0, "False\n")
+        assert helper.run_module("stages.train", [], str(project), env()) == (0, "True\n")
+        assert helper.run_module("stages.report", [], str(project), env()) == (0, "True\n")
+
+
 def test_big_output_does_not_block_and_nothing_leaks_into_the_protocol(project: Path) -> None:
     with StageHelper(str(project), env()) as helper:
         rc, output = helper.run_module("loud", [], str(project), env())
