@@ -67,9 +67,7 @@ STAGE_PRELOAD = (
 # stage's first `zero_grad()`/`step()` (~1.1 s of the ~2.5 s of a small training stage; eager
 # mode, the numerics are not touched); Great Expectations is validate's (~2 s).
 PRELOAD_FOR = {
-    "stages.train": ("torch._dynamo",),
-    "stages.pretrain": ("torch._dynamo",),
-    "stages.distill": ("torch._dynamo",),
+    **dict.fromkeys(("stages.train", "stages.pretrain", "stages.distill"), ("torch._dynamo",)),
     "stages.validate": ("great_expectations",),
 }
 
