@@ -32,8 +32,6 @@ models whose input size is fixed, e.g. ViTs). Nothing is resized and nothing dow
 
 from __future__ import annotations
 
-import difflib
-import functools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,35 +43,13 @@ from torch import nn
 from stages.core.registry import register_model
 from stages.core.schema import ConfigError
 from stages.models.nets import Standardize, batched_logits
+from stages.models.timm_catalog import LIBRARY, MLP, name_problem
 
 if TYPE_CHECKING:
     from stages.core.artifacts import Prepared
     from stages.core.stream import PreparedFile
 
-LIBRARY = "timm"
-MLP = "mlp"  # the `backbone` value that keeps the hand-written MLP (stages/models/mlp.py)
 STATS_ROWS = 256  # train images per batch when the normalisation statistics are computed (150 MB at 3×224×224)
-
-
-@functools.cache
-def timm_names() -> frozenset[str]:
-    """Every model name the installed timm builds: architectures and tagged names (`resnet50.a1_in1k`)."""
-    import timm
-
-    return frozenset(timm.list_models()) | frozenset(timm.list_models(pretrained=True))
-
-
-def name_problem(name: str) -> str | None:
-    """Why `name` is not a backbone value (one line listing close timm names), or None."""
-    if name == MLP or name in timm_names():
-        return None
-    import timm
-
-    names = timm.list_models()
-    close = [n for n in names if n.startswith(name)][:5]  # e.g. vit_small -> vit_small_patch16_224, ...
-    close += [n for n in difflib.get_close_matches(name, names, n=5, cutoff=0.6) if n not in close][: 5 - len(close)]
-    hint = f"close matches: {close}" if close else "none close"
-    return f"must be '{MLP}' or a timm model name (timm {timm.__version__}: `timm.list_models()`), got '{name}' ({hint})"
 
 
 def image_shape(prepared: Prepared | PreparedFile, name: str, key: str) -> tuple[int, int, int]:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stages.core.schema import OPTIMIZERS, Checks, option, train_and_selection_splits
-
-MLP = "mlp"  # the `backbone` value of the hand-written MLP (every default)
+from stages.models.timm_catalog import MLP, name_problem
 
 if TYPE_CHECKING:
     import torch
@@ -77,8 +76,6 @@ class MLPFitConfig:
         if self.backbone == MLP:
             c.require(self.weights is None, "weights", f"only a timm backbone loads weights: set backbone to a timm model name, or weights to null (got '{self.weights}')")
             return
-        from stages.models.backbone import name_problem  # imports timm: only for a timm backbone
-
         problem = name_problem(self.backbone)
         c.require(problem is None, "backbone", problem or "")
         c.require(
