@@ -41,7 +41,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def cache_file(cache: Path) -> Path:
-    return cache / "shiftlab" / f"timm-names-{timm.__version__}.json"
+    (only,) = (cache / "shiftlab").iterdir()
+    assert only.name.startswith(f"timm-names-{timm.__version__}-") and only.suffix == ".json"
+    return only
 
 
 def test_the_first_check_writes_the_cache_and_a_fresh_process_answers_from_it_without_timm_or_torch(cache: Path) -> None:
@@ -95,3 +97,18 @@ def test_a_cache_directory_that_cannot_be_made_costs_only_the_import(tmp_path: P
     finally:
         timm_catalog.timm_names.cache_clear()
     assert blocked.read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_two_installs_of_the_same_version_keep_a_cache_each(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two venvs with the same timm (a fresh clone beside a checkout) would otherwise rebuild one
+    shared file in turn, each undoing the other's."""
+    timm_catalog.timm_names()
+    here = cache_file(cache)
+    key = timm_catalog.installed()
+    assert key is not None
+    monkeypatch.setattr(timm_catalog, "installed", lambda: {**key, "path": key["path"] + "-elsewhere"})
+    timm_catalog.timm_names.cache_clear()
+    assert timm_catalog.timm_names() == frozenset(TIMM_NAMES)
+    files = sorted((cache / "shiftlab").iterdir())
+    assert len(files) == 2 and here in files
+    assert json.loads(here.read_text())["key"] == key

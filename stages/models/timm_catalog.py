@@ -7,8 +7,8 @@ and with it torch, torchvision and TorchDynamo: ~2.7 s of CPU in a process that 
 import none of them (measured on this project's 2-core machine; README, Performance).
 
 So the list is cached, one JSON file per installed timm in the user's cache directory
-(platformdirs: `~/.cache/shiftlab/timm-names-<version>.json` on Linux, `$XDG_CACHE_HOME` honoured),
-keyed by timm's version, where it is installed and its version file's size and modification
+(platformdirs: `~/.cache/shiftlab/timm-names-<version>-<install>.json` on Linux, `$XDG_CACHE_HOME`
+honoured), keyed by timm's version, where it is installed and its version file's size and modification
 time (all read without importing timm). The file is written atomically; one that is missing,
 unreadable, not this project's format or of another timm install is rebuilt from
 `timm.list_models()`, and a cache directory that cannot be written only costs the import. A name
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 from pathlib import Path
@@ -45,11 +46,13 @@ def installed() -> dict[str, Any] | None:
     return {"format": FORMAT, "version": version, "path": str(where), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def cache_path(version: str) -> Path:
-    """Where the names of timm `version` are cached (the user's cache directory)."""
+def cache_path(key: dict[str, Any]) -> Path:
+    """Where the names of the timm install `key` (`installed()`) are cached: the user's cache
+    directory, one file per version and install location (two venvs do not overwrite each other's)."""
     from platformdirs import user_cache_path
 
-    return user_cache_path("shiftlab") / f"timm-names-{version}.json"
+    where = hashlib.sha256(key["path"].encode()).hexdigest()[:12]
+    return user_cache_path("shiftlab") / f"timm-names-{key['version']}-{where}.json"
 
 
 def list_names() -> list[str]:
@@ -66,7 +69,7 @@ def timm_names() -> frozenset[str]:
     key = installed()
     if key is None:
         return frozenset(list_names())  # timm's own ImportError, as before
-    path = cache_path(key["version"])
+    path = cache_path(key)
     from stages.core.io import ArtifactError, read_json, write_json
 
     try:
