@@ -27,8 +27,12 @@ Models:
   (data/models/<dataset>/diffusion/seed=0), 2 classes.
 
 The last line reads `scoring: <ratio>x network evaluations of full scoring at <agreement>
-agreement (digits10, <n> examples)` at the default 32 draws; digits10 is also scored at 64 draws
-(full and adaptive both), where the first round's share of the work halves. --quick: 2,000
+agreement (digits10, <n> examples)` at the default 32 draws; digits10 and gaussian_shortcut are
+also scored at 64 draws (full and adaptive both), where the first round's share of the work
+halves and the ratio falls below 0.10x. Whether 64 draws would be the better default is asked of
+an independent reference: full scoring at 128 draws of another `score_seed` (a less noisy estimate
+of the same scores, sharing no draw with the others); the bench prints how often each scoring's
+prediction agrees with it. --quick: 2,000
 gaussian_shortcut rows (a fixed random subset, both splits) and 1 timing repeat.
 """
 
@@ -171,6 +175,13 @@ def replay(v: np.ndarray, model: Any, known_sd: bool) -> tuple[float, np.ndarray
     return cost / n, mean.masked_fill(~alive, math.inf).argmin(1).numpy()
 
 
+def reference_predictions(model: Any, x: np.ndarray, draws: int = 128) -> np.ndarray:
+    """Full scoring's predictions at `draws` draws of another `score_seed` than `model`'s: a less
+    noisy estimate of the same class scores, from draws none of the compared scorings use."""
+    logits, _, _ = with_scoring(model, stop_se=0.0, draws=draws, score_seed=model.score_seed + 1).score(x)
+    return logits.argmax(1)
+
+
 def ordered(model: Any, val: tuple[np.ndarray, np.ndarray], draws: int | None = None) -> list[int]:
     """`draw_order: informative`'s order of `model`'s draws (at `draws`), ranked on `val`."""
     from stages.models.draw_order import informative_order
@@ -218,6 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # More draws: the first round (every class) is a smaller share, so the ratio falls (same model).
     perm = ordered(model, val, draws=64) if order == "informative" else None
     results["digits10, 64 draws"] = compare(model, x, split, stop, repeats, draws=64, perm=perm)
+    reference = {"digits10": reference_predictions(model, x)}
+    shortcut, x_shortcut, val_shortcut, split_shortcut = checked_out_model("gaussian_shortcut", 2000 if args.quick else None)
+    perm = ordered(shortcut, val_shortcut, draws=64) if order == "informative" else None
+    results["gaussian_shortcut, 64 draws"] = compare(shortcut, x_shortcut, split_shortcut, stop, repeats, draws=64, perm=perm)
+    reference["gaussian_shortcut"] = reference_predictions(shortcut, x_shortcut)
     print(f"Sequential elimination (stop_test={test}, stop_se={se:g}, stop_first={first}, stop_every={every}, draw_order={order}) "
           f"vs full scoring, test_id + test_ood, 1 thread; {time.perf_counter() - t0:.0f} s\n")
     print("| model | classes | draws | examples | evaluations / example (full) | adaptive | ratio | agreement | on test_ood | wall-time ratio |")
@@ -246,6 +262,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n2-class (colored_digits): {two['ratio']:.3f}x network evaluations at {two['agree']:.4f} agreement; "
           f"gaussian_shortcut: {results['gaussian_shortcut']['ratio']:.3f}x at {results['gaussian_shortcut']['agree']:.4f} "
           f"({results['gaussian_shortcut']['agree_ood']:.4f} on its shifted test_ood rows)")
+    print("\nAgreement with an independent reference (full scoring, 128 draws of another score_seed), "
+          "evaluations per example in brackets:")
+    for name, ref in reference.items():
+        cells = []
+        for draws, key in ((32, name), (64, f"{name}, 64 draws")):
+            r = results[key]
+            cells.append(f"{draws} draws: full {(r['full_pred'] == ref).mean():.2%} [{r['rows_full']:.0f}], "
+                         f"adaptive {(r['fast_pred'] == ref).mean():.2%} [{r['rows_fast']:.1f}]")
+        print(f"  {name}: " + "; ".join(cells))
     more = results["digits10, 64 draws"]
     print(f"at 64 draws: {more['ratio']:.3f}x network evaluations of full 64-draw scoring at {more['agree']:.4f} agreement "
           f"(digits10, {more['n']} examples)")
