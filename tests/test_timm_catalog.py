@@ -112,3 +112,26 @@ def test_two_installs_of_the_same_version_keep_a_cache_each(cache: Path, monkeyp
     files = sorted((cache / "shiftlab").iterdir())
     assert len(files) == 2 and here in files
     assert json.loads(here.read_text())["key"] == key
+
+
+@pytest.mark.parametrize("where", ["relative", "no-home"])
+def test_no_usable_cache_directory_means_no_cache_file_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """A relative XDG_CACHE_HOME must not write into the project (platformdirs ignores it, as the XDG
+    spec says); a user with no home directory (a container's arbitrary uid, HOME unset) has no cache
+    directory at all (platformdirs raises): timm itself answers, nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    if where == "relative":
+        monkeypatch.setenv("XDG_CACHE_HOME", "cache")
+    else:
+        import pwd
+
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        monkeypatch.delenv("HOME", raising=False)
+        monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    timm_catalog.timm_names.cache_clear()
+    try:
+        assert timm_catalog.timm_names() == frozenset(TIMM_NAMES)
+        assert timm_catalog.name_problem("resnet50") is None
+    finally:
+        timm_catalog.timm_names.cache_clear()
+    assert list(tmp_path.iterdir()) == []

@@ -11,8 +11,9 @@ So the list is cached, one JSON file per installed timm in the user's cache dire
 honoured), keyed by timm's version, where it is installed and its version file's size and modification
 time (all read without importing timm). The file is written atomically; one that is missing,
 unreadable, not this project's format or of another timm install is rebuilt from
-`timm.list_models()`, and a cache directory that cannot be written only costs the import. A name
-the list lacks is always looked up in timm itself for its one-line error (close matches).
+`timm.list_models()`, and a cache directory that cannot be written (or found: no home directory)
+only costs the import. A name the list lacks is always looked up in timm itself for its one-line
+error (close matches).
 """
 
 from __future__ import annotations
@@ -46,13 +47,22 @@ def installed() -> dict[str, Any] | None:
     return {"format": FORMAT, "version": version, "path": str(where), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def cache_path(key: dict[str, Any]) -> Path:
+def cache_path(key: dict[str, Any]) -> Path | None:
     """Where the names of the timm install `key` (`installed()`) are cached: the user's cache
-    directory, one file per version and install location (two venvs do not overwrite each other's)."""
+    directory, one file per version and install location (two venvs do not overwrite each other's).
+    None where there is no such directory: no home directory (a container's arbitrary user with HOME
+    unset, where platformdirs raises), or a relative path (platformdirs ignores a relative
+    XDG_CACHE_HOME, as the XDG spec says; checked anyway: it would write into the project)."""
     from platformdirs import user_cache_path
 
+    try:
+        top = user_cache_path("shiftlab")
+    except RuntimeError:  # platformdirs: "could not determine the home directory"
+        return None
+    if not top.is_absolute():
+        return None
     where = hashlib.sha256(key["path"].encode()).hexdigest()[:12]
-    return user_cache_path("shiftlab") / f"timm-names-{key['version']}-{where}.json"
+    return top / f"timm-names-{key['version']}-{where}.json"
 
 
 def list_names() -> list[str]:
@@ -67,9 +77,9 @@ def list_names() -> list[str]:
 def timm_names() -> frozenset[str]:
     """Every model name the installed timm builds, from the cache when it is this install's."""
     key = installed()
-    if key is None:
-        return frozenset(list_names())  # timm's own ImportError, as before
-    path = cache_path(key)
+    path = None if key is None else cache_path(key)
+    if key is None or path is None:
+        return frozenset(list_names())  # no timm: its own ImportError; no cache directory: timm itself
     from stages.core.io import ArtifactError, read_json, write_json
 
     try:
