@@ -86,19 +86,6 @@ def test_a_spoiled_or_foreign_cache_is_rebuilt_from_timm(cache: Path, spoil: str
     assert json.loads(path.read_text()) == stored
 
 
-def test_a_cache_directory_that_cannot_be_made_costs_only_the_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    blocked = tmp_path / "a-file"  # XDG_CACHE_HOME names a file: no directory can be made under it, even by root
-    blocked.write_text("")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
-    timm_catalog.timm_names.cache_clear()
-    try:
-        assert timm_catalog.timm_names() == frozenset(TIMM_NAMES)
-        assert timm_catalog.name_problem("resnet50") is None
-    finally:
-        timm_catalog.timm_names.cache_clear()
-    assert blocked.read_text() == "" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
-
-
 def test_two_installs_of_the_same_version_keep_a_cache_each(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two venvs with the same timm (a fresh clone beside a checkout) would otherwise rebuild one
     shared file in turn, each undoing the other's."""
@@ -114,13 +101,19 @@ def test_two_installs_of_the_same_version_keep_a_cache_each(cache: Path, monkeyp
     assert json.loads(here.read_text())["key"] == key
 
 
-@pytest.mark.parametrize("where", ["relative", "no-home"])
-def test_no_usable_cache_directory_means_no_cache_file_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
-    """A relative XDG_CACHE_HOME must not write into the project (platformdirs ignores it, as the XDG
-    spec says); a user with no home directory (a container's arbitrary uid, HOME unset) has no cache
-    directory at all (platformdirs raises): timm itself answers, nothing is written."""
+@pytest.mark.parametrize("where", ["a-file", "relative", "no-home"])
+def test_a_cache_directory_that_cannot_be_made_or_found_costs_only_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """XDG_CACHE_HOME naming a file (no directory can be made under it, even by root); a relative
+    XDG_CACHE_HOME, which must not write into the project (platformdirs ignores it, as the XDG spec
+    says); a user with no home directory (a container's arbitrary uid, HOME unset: platformdirs
+    raises). Each time timm itself answers and nothing is written."""
     monkeypatch.chdir(tmp_path)
-    if where == "relative":
+    if where == "a-file":
+        (tmp_path / "a-file").write_text("")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    elif where == "relative":
         monkeypatch.setenv("XDG_CACHE_HOME", "cache")
     else:
         import pwd
@@ -134,4 +127,6 @@ def test_no_usable_cache_directory_means_no_cache_file_anywhere(tmp_path: Path, 
         assert timm_catalog.name_problem("resnet50") is None
     finally:
         timm_catalog.timm_names.cache_clear()
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["a-file"] if where == "a-file" else [])
+    if where == "a-file":
+        assert (tmp_path / "a-file").read_text() == ""
