@@ -77,9 +77,9 @@ def list_names() -> list[str]:
 def timm_names() -> frozenset[str]:
     """Every model name the installed timm builds, from the cache when it is this install's."""
     key = installed()
-    path = None if key is None else cache_path(key)
-    if key is None or path is None:
-        return frozenset(list_names())  # no timm: its own ImportError; no cache directory: timm itself
+    path = cache_path(key) if key is not None else None
+    if path is None:  # no timm (its own ImportError) or no cache directory: timm itself
+        return frozenset(list_names())
     from stages.core.io import ArtifactError, read_json, write_json
 
     try:
