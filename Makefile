@@ -19,9 +19,12 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 setup: $(STAMP) .dvc/config
 
 # Reinstall whenever the lock changes. torch/torchvision are pinned to the builds on this machine's disk.
+# The lock is the whole environment (setuptools too), so pip installs exactly it (--no-deps: nothing
+# unpinned comes in, and pip skips re-resolving 250 pins) and `pip check` fails a lock that misses one.
 $(STAMP): requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-warn-script-location -r requirements.lock 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+	$(PY) -m pip install --quiet --no-warn-script-location --no-deps -r requirements.lock 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+	$(PY) -m pip check
 	@touch $@
 
 # DVC is initialised on first use (the repo ships .dvc/config; this covers a stripped checkout).
@@ -97,9 +100,16 @@ bench: setup
 bench-flow: setup
 	$(PY) -m benchmarks.bench_flow $(BENCH_FLOW_ARGS)
 
-lock: setup
-	$(PY) -m pip freeze | sed -E 's/^(torch|torchvision)==([0-9.]+)\+(cpu|cu[0-9]+)$$/\1==\2/' > requirements.lock.new
-	(echo '# Full pinned set, from `pip freeze` of requirements.in. Regenerate with `make lock`.'; cat requirements.lock.new) > requirements.lock && rm requirements.lock.new
+# Regenerate requirements.lock from requirements.in: resolve it in a throw-away venv and pin all of
+# that (setuptools too; not pip itself). torch/torchvision lose their local build tag (+cpu/+cu13x).
+lock:
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/pip" install --quiet --no-warn-script-location -r requirements.in 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) && \
+	"$$tmp/venv/bin/pip" check && \
+	{ echo '# Full pinned set (setuptools too): `pip freeze --all` of requirements.in resolved in a fresh venv. Regenerate with `make lock`.'; \
+	  "$$tmp/venv/bin/pip" freeze --all --exclude pip | sed -E 's/^(torch|torchvision)==([0-9.]+)\+(cpu|cu[0-9]+)$$/\1==\2/'; } > requirements.lock.new && \
+	mv requirements.lock.new requirements.lock
 
 clean-venv:
 	rm -rf $(VENV)
