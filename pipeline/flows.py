@@ -28,7 +28,7 @@ stages' last good outputs come back from DVC's cache (their dvc.lock entries wer
 updated), and the run ends with one line (`Interrupted`); a second signal SIGKILLs the commands
 at once. From the command line (`main`) the flow runs in a child process in its own session,
 so a terminal's Ctrl-C reaches only the parent, which passes it on: Prefect's temporary server
-and the stage helpers are the flow's to stop, and stay up while it reports the run. The
+and the stage helper is the flow's to stop, and stays up while it reports the run. The
 command exits 130 (SIGINT) or 143 (SIGTERM).
 
 Our refusals (`Refused`, `StageFailed`, `WorkspaceBusy`) end a flow or task run Failed with

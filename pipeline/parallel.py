@@ -41,7 +41,7 @@ A crash (kill -9 of the flow) leaves DVC as a crash of `dvc repro` does, except 
 entries not written yet: stages whose entries are in dvc.lock are up to date; a stage that
 finished after the last write is restored from DVC's run cache by the next run (no command
 re-runs); a stage whose command was running has its outputs removed or incomplete, so the next
-run re-runs it (the helpers stop their commands when the flow's process dies).
+run re-runs it (the helper stops its commands when the flow's process dies).
 dvc.lock itself is never half-written: while a `DvcWorkspace` is open, every write DVC or the
 flow makes to it goes to a temp file beside it that replaces it once complete (`atomic_path`).
 """
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import shlex
 import shutil
 import signal
@@ -323,18 +322,14 @@ STOP_GRACE_S = 4.0  # after StagePool.stop, how long a command gets to stop on i
 
 
 class StagePool:
-    """Runs stage commands, at most `size` at once, each `python -m` command forked from one of
-    `size` warm helpers (module docstring)."""
+    """Runs stage commands, at most `size` at once, each `python -m` command forked from one warm
+    helper (module docstring): however many run together, the libraries are imported once."""
 
     def __init__(self, root: str, size: int, env: Mapping[str, str]) -> None:
         self.root = root
         self.env = dict(env)
-        self.idle: queue.Queue[StageHelper] = queue.Queue()
-        self.helpers = [StageHelper(root, self.env) for _ in range(max(1, size))]
-        for helper in self.helpers:
-            self.idle.put(helper)
-        self.starting = threading.Lock()
-        self.started = False
+        self.slots = threading.BoundedSemaphore(max(1, size))
+        self.helper = StageHelper(root, self.env)
         self.guard = threading.RLock()  # `stopping`, `shells`; re-entrant: a second signal may land inside stop()
         self.stopping = 0  # the signal stop() passed on, 0 while the pool runs normally
         self.shells: set[subprocess.Popen[str]] = set()  # commands running in a shell now
@@ -352,8 +347,7 @@ class StagePool:
             first = not self.stopping
             self.stopping = self.stopping or signum
             signum = signum if first else signal.SIGKILL
-            for helper in self.helpers:
-                helper.signal_command(signum)
+            self.helper.signal_command(signum)
             for shell in self.shells:
                 _signal_group(shell.pid, signum)
         self.stopped.set()
@@ -363,14 +357,6 @@ class StagePool:
         if not self.closed.wait(STOP_GRACE_S):
             self.stop(signal.SIGKILL)
 
-    def warm(self) -> None:
-        """Start every helper (they import in parallel); once, whichever thread asks first."""
-        with self.starting:
-            if not self.started:
-                for helper in self.helpers:
-                    helper.start()
-                self.started = True
-
     def run(self, command: str, cwd: str, env: Mapping[str, str], on_output: Callable[[str], None]) -> int:
         """Run one of a stage's commands as DVC would; its exit code (-signal when stop() came
         before it started)."""
@@ -379,13 +365,9 @@ class StagePool:
         module_args = python_module(command, env)
         if module_args is None:
             return run_shell(command, cwd, env, on_output, self._shell_started)
-        self.warm()
-        helper = self.idle.get()
-        try:
-            rc, _ = helper.run_module(module_args[0], module_args[1], cwd, env, on_output)
+        with self.slots:
+            rc, _ = self.helper.run_module(module_args[0], module_args[1], cwd, env, on_output)
             return rc
-        finally:
-            self.idle.put(helper)
 
     def _shell_started(self, proc: subprocess.Popen[str], started: bool) -> None:
         with self.guard:
@@ -399,10 +381,7 @@ class StagePool:
     def close(self) -> None:
         self.closed.set()
         self.stopped.set()
-        for helper in self.helpers:  # all exit at once (an interpreter with torch takes a while)
-            helper.end_input()
-        for helper in self.helpers:
-            helper.close()
+        self.helper.close()
 
     def __enter__(self) -> StagePool:
         return self

@@ -7,14 +7,20 @@ project's own modules fresh. The child's stdout and stderr (and those of any pro
 go to a pipe, and it exits with the command's exit code. The helper is single-threaded, so
 forking it is safe (the flow's own process is not: Prefect runs threads).
 
-Protocol, one JSON object per line: the flow writes `{"module": ..., "args": [...], "cwd": ...,
-"env": {...}}` to the helper's stdin and reads from its stdout `{"pid": <pid>}` when the command
-starts (it leads its own process group, which `StageHelper.signal_command` signals),
-`{"out": "<text>"}` for each piece of the command's output (stdout and stderr) as it comes, then
-`{"rc": <exit code>}`. The helper exits at end of input. It runs in its own process group, so a
-terminal's Ctrl-C does not reach it: the flow decides how its commands stop. On SIGTERM/SIGINT it
-passes the signal to the running command's process group (SIGKILL after GRACE_S) and exits; it
-does the same when the flow's process dies (its parent changes) during a command.
+One helper serves every command of a flow run, however many run at once (the flow's threads
+call `run_module` together): each is a fork of the same warm process, so the libraries are
+imported, and their memory held, once — not once per parallel slot.
+
+Protocol, one JSON object per line, each carrying the request's `id`: the flow writes `{"id": n,
+"module": ..., "args": [...], "cwd": ..., "env": {...}}` to the helper's stdin, and the helper
+forks it at once and answers on its stdout `{"id": n, "pid": <pid>}` when the command starts (it
+leads its own process group, which `StageHelper.signal_command` signals), `{"id": n, "out":
+"<text>"}` for each piece of the command's output (stdout and stderr) as it comes, then `{"id": n,
+"rc": <exit code>}`; replies of commands running together interleave. The helper exits at end of
+input once its commands are done. It runs in its own process group, so a terminal's Ctrl-C does
+not reach it: the flow decides how its commands stop. On SIGTERM/SIGINT it passes the signal to
+every running command's process group (SIGKILL after GRACE_S) and exits; it does the same when
+the flow's process dies (its parent changes).
 
     with StageHelper(root, env) as helper:   # the helper starts at the first request
         rc, output = helper.run_module("stages.report", [], root, env)
@@ -25,8 +31,10 @@ from __future__ import annotations
 import codecs
 import contextlib
 import functools
+import itertools
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -41,7 +49,7 @@ from typing import IO
 PROJECT = Path(__file__).resolve().parents[1]  # where the `pipeline` package lives
 GRACE_S = 10.0  # after passing on SIGTERM/SIGINT, how long the command gets before SIGKILL
 _parent = os.getppid()  # the flow's process; if it dies, the helper stops the running command
-_child = 0  # pid of the command running now (helper side)
+_commands: dict[int, Command] = {}  # the commands running now, by pid (helper side)
 _protocol_fds: list[int] = []  # the helper's request/reply fds, closed in each forked command
 
 
@@ -114,13 +122,20 @@ def run_module(module: str, args: Sequence[str], cwd: str, env: Mapping[str, str
     return 0
 
 
-def run_forked(target: Callable[[], int], emit: Callable[[str], None], started: Callable[[int], None] | None = None) -> int:
-    """`target()` in a forked child; its exit code (negative signal number if killed).
+class Command:
+    """A command forked by the helper: its request id, pid (= process group), output pipe, exit."""
 
-    `started(pid)` is told the child's pid (the leader of its process group) once it runs; the
-    command's output goes to `emit` as it arrives.
-    """
-    global _child
+    def __init__(self, request_id: object, pid: int, read_end: int) -> None:
+        self.id, self.pid, self.read_end = request_id, pid, read_end
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
+        self.status: int | None = None  # wait status once reaped
+        self.quiet_since = 0.0  # monotonic time of its exit or of its last output after it, whichever came later
+
+
+def fork_command(request_id: object, target: Callable[[], int]) -> Command:
+    """`target()` in a forked child that leads its own process group, stdout and stderr into a
+    pipe, registered in `_commands` before a signal can reach the helper's handler. The child
+    exits with target's return value."""
     read_end, write_end = os.pipe()
     # A signal the flow sends as the command starts waits until the child has its own handlers
     # (the helper's would end it as if the helper were told to stop).
@@ -130,7 +145,7 @@ def run_forked(target: Callable[[], int], emit: Callable[[str], None], started: 
         rc = 255
         try:
             os.setpgid(0, 0)  # its own process group, with whatever it starts: one signal stops all
-            for fd in (read_end, *_protocol_fds):
+            for fd in (read_end, *_protocol_fds, *(c.read_end for c in _commands.values() if c.read_end >= 0)):
                 os.close(fd)
             os.dup2(write_end, 1)
             os.dup2(write_end, 2)
@@ -156,82 +171,102 @@ def run_forked(target: Callable[[], int], emit: Callable[[str], None], started: 
                 os._exit(rc if isinstance(rc, int) and 0 <= rc < 256 else 255)
     with contextlib.suppress(OSError):  # also here, so a signal right after fork finds the group
         os.setpgid(pid, pid)
-    _child = pid
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    if started is not None:
-        started(pid)
     os.close(write_end)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a chunk may end mid-character
-    status: int | None = None
-    try:
-        while True:
-            if select.select([read_end], [], [], 1.0)[0]:
-                chunk = os.read(read_end, 1 << 16)
-                if text := decoder.decode(chunk, final=not chunk):
-                    emit(text)
-                if not chunk:
-                    break
-                continue
-            if os.getppid() != _parent:  # the flow's process died: stop the command too
-                _forward(signal.SIGTERM, None)
-            if status is not None:  # the command is gone and a second passed quietly: whatever holds the pipe is not its output
-                break
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if not done:
-                status = None
-            elif os.WIFSIGNALED(status):  # the command was killed (OOM killer, kill -9): stop what it left
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-    finally:
-        os.close(read_end)
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-    _child = 0
-    return os.waitstatus_to_exitcode(status)
+    command = _commands[pid] = Command(request_id, pid, read_end)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    return command
 
 
 def _forward(signum: int, frame: FrameType | None) -> None:
-    """Stop the running command (its whole process group) with the same signal, then the helper."""
-    if _child:
+    """Stop every running command (each whole process group) with the same signal, then the helper."""
+    pids = [c.pid for c in _commands.values() if c.status is None]
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(_child, signum)
-        deadline = time.monotonic() + GRACE_S
+            os.killpg(pid, signum)
+    deadline = time.monotonic() + GRACE_S
+    for pid in pids:
         with contextlib.suppress(ChildProcessError):  # already reaped
-            while os.waitpid(_child, os.WNOHANG) == (0, 0):
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
                 if time.monotonic() > deadline:
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(_child, signal.SIGKILL)
-                    os.waitpid(_child, 0)
+                        os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
                     break
                 time.sleep(0.05)
     os._exit(128 + signum)
 
 
-def serve(requests: IO[str], replies: IO[str]) -> None:
-    """For each request line: `{"out": ...}` lines while the command runs, then `{"rc": ...}`."""
+def serve(requests: int, replies: IO[str]) -> None:
+    """Serve request lines from the fd `requests` until it ends and every command has finished.
 
-    def reply(**message: object) -> None:
-        replies.write(json.dumps(message) + "\n")
+    Each request `{"id": ..., "module": ..., ...}` is forked at once (the flow decides how many run
+    together); replies carry the request's id: `{"id", "pid"}` when it starts, `{"id", "out"}` for
+    its output as it comes, `{"id", "rc"}` when it has exited and its output is all sent."""
+
+    def reply(request_id: object, **message: object) -> None:
+        replies.write(json.dumps({"id": request_id, **message}) + "\n")
         replies.flush()
 
-    def started(pid: int) -> None:
-        reply(pid=pid)
+    def finish(command: Command) -> None:
+        if command.read_end >= 0:
+            os.close(command.read_end)
+            command.read_end = -1
+        assert command.status is not None
+        del _commands[command.pid]
+        reply(command.id, rc=os.waitstatus_to_exitcode(command.status))
 
-    for line in requests:
-        if line.strip():
-            request = json.loads(line)  # a stage command: `python -m <module> <args>`
-            preload(PRELOAD_FOR.get(request["module"], ()))
-            target = functools.partial(run_module, request["module"], request["args"], request["cwd"], request["env"])
-            reply(rc=run_forked(target, lambda text: reply(out=text), started))
+    pending = b""
+    reading = True
+    while reading or _commands:
+        # a command whose pipe is closed but that was not reaped yet: look again soon
+        waiting = any(c.read_end < 0 and c.status is None for c in _commands.values())
+        fds = ([requests] if reading else []) + [c.read_end for c in _commands.values() if c.read_end >= 0]
+        ready = select.select(fds, [], [], 0.05 if waiting else 1.0)[0]
+        if requests in ready:
+            chunk = os.read(requests, 1 << 16)
+            reading = bool(chunk)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                request = json.loads(line)  # a stage command: `python -m <module> <args>`
+                preload(PRELOAD_FOR.get(request["module"], ()))
+                target = functools.partial(run_module, request["module"], request["args"], request["cwd"], request["env"])
+                reply(request.get("id"), pid=fork_command(request.get("id"), target).pid)
+        for command in list(_commands.values()):
+            if command.read_end in ready:
+                chunk = os.read(command.read_end, 1 << 16)
+                if text := command.decoder.decode(chunk, final=not chunk):
+                    reply(command.id, out=text)
+                    command.quiet_since = time.monotonic()
+                if not chunk:
+                    os.close(command.read_end)
+                    command.read_end = -1
+        if os.getppid() != _parent:  # the flow's process died: stop the commands too
+            _forward(signal.SIGTERM, None)
+        for command in list(_commands.values()):
+            if command.status is None:
+                done, status = os.waitpid(command.pid, os.WNOHANG)
+                if not done:
+                    continue
+                command.status, command.quiet_since = status, time.monotonic()
+                if os.WIFSIGNALED(status):  # the command was killed (OOM killer, kill -9): stop what it left
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(command.pid, signal.SIGKILL)
+            # Its output is all read, or it is gone and a second passed quietly: whatever still
+            # holds the pipe (something it started) is not its output.
+            if command.read_end < 0 or time.monotonic() - command.quiet_since > 1.0:
+                finish(command)
 
 
 def main() -> int:
     """The helper: preload STAGE_PRELOAD, then serve requests from stdin until it ends."""
     # The protocol gets private copies of stdin/stdout; fds 0 and 1 (which forked commands
     # inherit) become /dev/null and stderr, so nothing but replies reaches the flow's pipe.
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    requests = os.dup(0)
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    _protocol_fds.extend((requests.fileno(), replies.fileno()))
+    _protocol_fds.extend((requests, replies.fileno()))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -249,9 +284,42 @@ def main() -> int:
 # ---- flow side -------------------------------------------------------------------------------
 
 
+class _Link:
+    """One helper process as the flow sees it: requests written under `lock`, replies routed by
+    their id to the waiting request's queue by a reader thread; `done` once the helper's output
+    ended (it exited or was killed), after which every request still waiting gets None."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lock = threading.Lock()
+        self.pending: dict[int, queue.SimpleQueue[dict[str, object] | None]] = {}
+        self.done = threading.Event()
+        self.reader = threading.Thread(target=self._read, name=f"stage-helper-{proc.pid}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            for line in self.proc.stdout:
+                reply = json.loads(line)
+                with self.lock:
+                    waiting = self.pending.get(reply.get("id"))
+                if waiting is not None:
+                    waiting.put(reply)
+        except (ValueError, OSError):  # closed under us, or not our protocol: the helper is unusable
+            pass
+        finally:
+            with self.lock:
+                self.done.set()
+                for waiting in self.pending.values():
+                    waiting.put(None)
+
+
 class StageHelper:
     """A `pipeline.stage_helper` helper process in `root`: `run_module(module, args, cwd, env)` is
-    `python -m <module> <args>` in a fork of it.
+    `python -m <module> <args>` in a fork of it. Threads may call it at once: each command is a
+    fork of the same helper, so torch, TorchDynamo and Great Expectations are imported once
+    whatever the number of commands running together.
     The helper starts on the first request (a flow run with nothing to do never starts it), or
     at `start()`, and again if it has ended since.
     """
@@ -260,27 +328,35 @@ class StageHelper:
         self.root = root
         self.env = dict(env) if env is not None else None
         self.proc: subprocess.Popen[str] | None = None
-        self.guard = threading.RLock()  # `command`, `stop_signal`: the requesting thread vs signal_command() (from a signal handler, re-entrant)
-        self.command = 0  # pid (= process group) of the command running now, 0 when none
+        self.link: _Link | None = None
+        self.starting = threading.Lock()
+        self.ids = itertools.count(1)
+        self.guard = threading.RLock()  # `commands`, `stop_signal`: requesting threads vs signal_command() (from a signal handler, re-entrant)
+        self.commands: dict[int, int] = {}  # request id -> pid (= process group) of each command running now
         self.stop_signal = 0  # once signal_command() was called: what a command starting later gets at once
 
     def start(self) -> subprocess.Popen[str]:
-        if self.proc is None or self.proc.poll() is not None:
-            self.close()
-            # sys.path[0] is this project (not the workspace, nor in PYTHONPATH, which the
-            # stage commands DVC starts would inherit)
-            code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.stage_helper import main; raise SystemExit(main())"
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code],
-                cwd=self.root,
-                env=self.env,
-                process_group=0,  # a terminal's Ctrl-C is for the flow, which stops the commands in order
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,  # replies; the helper's own stderr (nothing, normally) is the flow's
-                text=True,
-                encoding="utf-8",
-            )
-        return self.proc
+        return self._link().proc
+
+    def _link(self) -> _Link:
+        with self.starting:
+            if self.link is None or self.link.proc.poll() is not None:
+                self.close()
+                # sys.path[0] is this project (not the workspace, nor in PYTHONPATH, which the
+                # stage commands DVC starts would inherit)
+                code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.stage_helper import main; raise SystemExit(main())"
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    cwd=self.root,
+                    env=self.env,
+                    process_group=0,  # a terminal's Ctrl-C is for the flow, which stops the commands in order
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,  # replies; the helper's own stderr (nothing, normally) is the flow's
+                    text=True,
+                    encoding="utf-8",
+                )
+                self.link = _Link(self.proc)
+            return self.link
 
     def run_module(
         self, module: str, args: Sequence[str], cwd: str, env: Mapping[str, str], on_output: Callable[[str], None] | None = None
@@ -290,46 +366,59 @@ class StageHelper:
         return self._request(request, on_output, f"python -m {module} {' '.join(args)}")
 
     def _request(self, request: dict[str, object], on_output: Callable[[str], None] | None, what: str) -> tuple[int, str]:
-        proc = self.start()
-        assert proc.stdin is not None and proc.stdout is not None
+        link = self._link()
+        request_id = next(self.ids)
+        replies: queue.SimpleQueue[dict[str, object] | None] = queue.SimpleQueue()
         parts: list[str] = []
+        with link.lock:
+            link.pending[request_id] = replies
         try:
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
-            while line := proc.stdout.readline():
-                reply = json.loads(line)
+            with link.lock:
+                if link.done.is_set():
+                    raise BrokenPipeError
+                assert link.proc.stdin is not None
+                link.proc.stdin.write(json.dumps({"id": request_id, **request}) + "\n")
+                link.proc.stdin.flush()
+            while True:
+                try:
+                    reply = replies.get(timeout=1.0)
+                except queue.Empty:
+                    # the helper's output ended and nothing more is queued for this request
+                    reply = None if link.done.is_set() and replies.empty() else {}
+                if reply is None:
+                    break
                 if "pid" in reply:
-                    self._started(int(reply["pid"]))
-                    continue
-                if "rc" in reply:
-                    with self.guard:
-                        self.command = 0
-                    return int(reply["rc"]), "".join(parts)
-                parts.append(reply["out"])
-                if on_output is not None:
-                    on_output(reply["out"])
-        except BrokenPipeError:
+                    self._started(request_id, int(reply["pid"]))  # type: ignore[call-overload]
+                elif "rc" in reply:
+                    return int(reply["rc"]), "".join(parts)  # type: ignore[call-overload]
+                elif "out" in reply:
+                    parts.append(str(reply["out"]))
+                    if on_output is not None:
+                        on_output(str(reply["out"]))
+        except (BrokenPipeError, ValueError):  # the helper is gone (its stdin closed under us)
             pass
         finally:
+            with link.lock:
+                link.pending.pop(request_id, None)
             with self.guard:
-                self.command = 0
-        raise HelperDied(f"the helper process (pipeline.stage_helper in {self.root}) ended ({self._ended(proc)}) "
+                self.commands.pop(request_id, None)
+        raise HelperDied(f"the helper process (pipeline.stage_helper in {self.root}) ended ({self._ended(link.proc)}) "
                             f"before finishing `{what}`")
 
-    def _started(self, pid: int) -> None:
+    def _started(self, request_id: int, pid: int) -> None:
         with self.guard:
-            self.command = pid
+            self.commands[request_id] = pid
             if self.stop_signal:  # stopped while the request was on its way: this command too
                 _signal_group(pid, self.stop_signal)
 
     def signal_command(self, signum: int) -> bool:
-        """Send `signum` to the running command's process group (the command and what it started),
-        and to any command started from now on; whether a command was running."""
+        """Send `signum` to every running command's process group (each command and what it
+        started), and to any command started from now on; whether a command was running."""
         with self.guard:
             self.stop_signal = signum
-            if self.command:
-                _signal_group(self.command, signum)
-            return bool(self.command)
+            for pid in self.commands.values():
+                _signal_group(pid, signum)
+            return bool(self.commands)
 
     @staticmethod
     def _ended(proc: subprocess.Popen[str]) -> str:
@@ -342,27 +431,28 @@ class StageHelper:
         return f"killed by signal {-rc}" if rc < 0 else f"with exit code {rc}"
 
     def end_input(self) -> None:
-        """Tell the helper to exit (end of input) without waiting for it: `close()` then reaps it."""
-        if self.proc is not None and self.proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
+        """Tell the helper to exit (end of input, once its commands are done) without waiting for
+        it: `close()` then reaps it."""
+        if self.link is not None:
+            _end_input(self.link)
 
     def close(self) -> None:
         """End the helper (it exits at end of input) and reap it."""
-        proc, self.proc = self.proc, None
-        if proc is None:
+        link, self.link, self.proc = self.link, None, None
+        if link is None:
             return
+        proc = link.proc
         if proc.poll() is None:
+            _end_input(link)
             try:
-                if proc.stdin:
-                    proc.stdin.close()
                 proc.wait(timeout=30)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        link.reader.join(timeout=10)  # its output ended with it
         for stream in (proc.stdin, proc.stdout):
             if stream and not stream.closed:
-                with contextlib.suppress(BrokenPipeError):
+                with contextlib.suppress(BrokenPipeError, ValueError):
                     stream.close()
 
     def __enter__(self) -> StageHelper:
@@ -370,6 +460,12 @@ class StageHelper:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _end_input(link: _Link) -> None:
+    if link.proc.stdin is not None:
+        with link.lock, contextlib.suppress(BrokenPipeError, ValueError):
+            link.proc.stdin.close()
 
 
 def _signal_group(pgid: int, signum: int) -> None:

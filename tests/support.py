@@ -32,7 +32,7 @@ def repro_project(dest: Path, overrides: list[str], *targets: str, prefect_home:
     `dvc repro` of `targets` (all stages when none); returns DVC's log, fails naming the command.
 
     With `prefect_home`, the run is `make repro`'s instead: `python -m pipeline.flows` (its
-    temporary Prefect server on that PREFECT_HOME, stage commands forked from warm helpers, each
+    temporary Prefect server on that PREFECT_HOME, stage commands forked from a warm helper, each
     stage recorded by DVC as `dvc repro` records it); the log is the flow's, whose "Running stage
     '<name>'" lines are DVC's."""
     from pipeline.workspace import copy_project

@@ -57,7 +57,7 @@ def repo(tmp_path_factory, prefect_home) -> Path:
     """A fresh git+DVC copy of the project with the tiny experiment composed into params.yaml,
     its whole DAG run once as `make repro` runs it: `python -m pipeline.flows` (Prefect's
     temporary server, each stage recorded by DVC as `dvc repro` records it, stage commands forked
-    from warm helpers). The tests below then drive the real `dvc repro`, `dvc status` and `dvc exp
+    from a warm helper). The tests below then drive the real `dvc repro`, `dvc status` and `dvc exp
     run` on it: the first `dvc repro` finds nothing to do. Built once per test process (session
     scope: another module's tests running in between on the same worker must not make pytest tear
     it down and build it again)."""

@@ -30,6 +30,10 @@ MODULES = {
     "spawner": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(60)'])\n",
     "chatty": "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second \u2603')\n",
     "sleepy": "import time\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.05)\n",
+    # waiter returns only once goer has run: both must run at once
+    "waiter": "import os, sys, time\nprint('waiting', flush=True)\nend = time.monotonic() + 60\n"
+              "while not os.path.exists('go.txt'):\n    time.sleep(0.02)\n    if time.monotonic() > end:\n        sys.exit(9)\nprint('went')\n",
+    "goer": "import sys\nopen('go.txt', 'w').write('go')\nprint('go', sys.argv[1:])\nsys.exit(4)\n",
 }
 
 
@@ -61,6 +65,26 @@ def test_commands_behave_as_python_dash_m(project: Path) -> None:
             else:
                 assert output == expected, module
         assert (project / "hello.txt").read_text() == "hi"
+
+
+def test_commands_run_at_once_in_one_helper_each_with_its_own_output_and_exit_code(project: Path) -> None:
+    """The flow's parallel slots share one helper: a second command starts while the first runs
+    (the first waits for what the second writes), and replies never cross."""
+    with StageHelper(str(project), env()) as helper:
+        assert helper.run_module("hello", [], str(project), env())[0] == 0
+        first = helper.proc
+        waiting = threading.Event()
+        result: list[tuple[int, str]] = []
+        waiter = threading.Thread(target=lambda: result.append(helper.run_module(
+            "waiter", [], str(project), env(), lambda text: waiting.set())))
+        waiter.start()
+        assert waiting.wait(60), "the first command never started"
+        rc, output = helper.run_module("goer", ["x"], str(project), env())
+        waiter.join(60)
+        assert (rc, output) == (4, "go ['x']\n")
+        assert result == [(0, "waiting\nwent\n")]
+        assert helper.proc is first and first is not None and first.poll() is None  # no second helper
+        assert descendants(first.pid) == []  # both commands reaped
 
 
 def test_a_command_imports_the_project_from_its_workspace_not_the_helpers(project: Path) -> None:
