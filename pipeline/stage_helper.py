@@ -285,13 +285,16 @@ def main() -> int:
 
 
 class _Link:
-    """One helper process as the flow sees it: requests written under `lock`, replies routed by
-    their id to the waiting request's queue by a reader thread; `done` once the helper's output
-    ended (it exited or was killed), after which every request still waiting gets None."""
+    """One helper process as the flow sees it: requests written under `writing`, replies routed
+    by their id to the waiting request's queue by a reader thread (`lock` guards `pending` only,
+    so a request blocked on a full pipe never stops the replies that let the helper read on);
+    `done` once the helper's output ended (it exited or was killed), after which every request
+    still waiting gets None."""
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         self.lock = threading.Lock()
+        self.writing = threading.Lock()
         self.pending: dict[int, queue.SimpleQueue[dict[str, object] | None]] = {}
         self.done = threading.Event()
         self.reader = threading.Thread(target=self._read, name=f"stage-helper-{proc.pid}", daemon=True)
@@ -373,7 +376,7 @@ class StageHelper:
         with link.lock:
             link.pending[request_id] = replies
         try:
-            with link.lock:
+            with link.writing:
                 if link.done.is_set():
                     raise BrokenPipeError
                 assert link.proc.stdin is not None
@@ -464,7 +467,7 @@ class StageHelper:
 
 def _end_input(link: _Link) -> None:
     if link.proc.stdin is not None:
-        with link.lock, contextlib.suppress(BrokenPipeError, ValueError):
+        with link.writing, contextlib.suppress(BrokenPipeError, ValueError):
             link.proc.stdin.close()
 
 
