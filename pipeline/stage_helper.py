@@ -1,4 +1,4 @@
-"""Warm helper processes that fork one child per stage command: Python starts and imports once.
+"""A warm helper process that forks one child per stage command: Python starts and imports once.
 
 The `pipeline` flow (pipeline/parallel.py) runs each `python -m <module> <args>` stage command
 in a fork of a helper that has already imported the libraries the stages use (STAGE_PRELOAD:
