@@ -405,7 +405,7 @@ def _pipeline(
     root = str(Path(root).resolve())
     if overrides:
         set_params(root, list(overrides))
-    with DvcWorkspace(root) as workspace, StagePool(root, max_parallel, tool_env()) as pool:
+    with DvcWorkspace(root) as workspace, StagePool(root, tool_env()) as pool:
         order, upstream = workspace.order()
         stages = select(order, upstream, targets)
         with StopOnSignals(pool) as stop:

@@ -322,13 +322,13 @@ STOP_GRACE_S = 4.0  # after StagePool.stop, how long a command gets to stop on i
 
 
 class StagePool:
-    """Runs stage commands, at most `size` at once, each `python -m` command forked from one warm
-    helper (module docstring): however many run together, the libraries are imported once."""
+    """Runs stage commands, each `python -m` command forked from one warm helper (module
+    docstring): however many run together, the libraries are imported once. How many run at once
+    is the caller's (`run_dag` in pipeline/flows.py: `max_parallel`)."""
 
-    def __init__(self, root: str, size: int, env: Mapping[str, str]) -> None:
+    def __init__(self, root: str, env: Mapping[str, str]) -> None:
         self.root = root
         self.env = dict(env)
-        self.slots = threading.BoundedSemaphore(max(1, size))
         self.helper = StageHelper(root, self.env)
         self.guard = threading.RLock()  # `stopping`, `shells`; re-entrant: a second signal may land inside stop()
         self.stopping = 0  # the signal stop() passed on, 0 while the pool runs normally
@@ -365,9 +365,8 @@ class StagePool:
         module_args = python_module(command, env)
         if module_args is None:
             return run_shell(command, cwd, env, on_output, self._shell_started)
-        with self.slots:
-            rc, _ = self.helper.run_module(module_args[0], module_args[1], cwd, env, on_output)
-            return rc
+        rc, _ = self.helper.run_module(module_args[0], module_args[1], cwd, env, on_output)
+        return rc
 
     def _shell_started(self, proc: subprocess.Popen[str], started: bool) -> None:
         with self.guard:

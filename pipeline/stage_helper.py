@@ -330,13 +330,17 @@ class StageHelper:
     def __init__(self, root: str, env: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.env = dict(env) if env is not None else None
-        self.proc: subprocess.Popen[str] | None = None
         self.link: _Link | None = None
         self.starting = threading.Lock()
         self.ids = itertools.count(1)
         self.guard = threading.RLock()  # `commands`, `stop_signal`: requesting threads vs signal_command() (from a signal handler, re-entrant)
         self.commands: dict[int, int] = {}  # request id -> pid (= process group) of each command running now
         self.stop_signal = 0  # once signal_command() was called: what a command starting later gets at once
+
+    @property
+    def proc(self) -> subprocess.Popen[str] | None:
+        """The helper process now (None before the first request and after `close()`)."""
+        return self.link.proc if self.link is not None else None
 
     def start(self) -> subprocess.Popen[str]:
         return self._link().proc
@@ -348,7 +352,7 @@ class StageHelper:
                 # sys.path[0] is this project (not the workspace, nor in PYTHONPATH, which the
                 # stage commands DVC starts would inherit)
                 code = f"import sys; sys.path[0] = {str(PROJECT)!r}; from pipeline.stage_helper import main; raise SystemExit(main())"
-                self.proc = subprocess.Popen(
+                self.link = _Link(subprocess.Popen(
                     [sys.executable, "-c", code],
                     cwd=self.root,
                     env=self.env,
@@ -357,8 +361,7 @@ class StageHelper:
                     stdout=subprocess.PIPE,  # replies; the helper's own stderr (nothing, normally) is the flow's
                     text=True,
                     encoding="utf-8",
-                )
-                self.link = _Link(self.proc)
+                ))
             return self.link
 
     def run_module(
@@ -395,9 +398,10 @@ class StageHelper:
                 elif "rc" in reply:
                     return int(reply["rc"]), "".join(parts)  # type: ignore[call-overload]
                 elif "out" in reply:
-                    parts.append(str(reply["out"]))
+                    text = str(reply["out"])
+                    parts.append(text)
                     if on_output is not None:
-                        on_output(str(reply["out"]))
+                        on_output(text)
         except (BrokenPipeError, ValueError):  # the helper is gone (its stdin closed under us)
             pass
         finally:
@@ -441,7 +445,7 @@ class StageHelper:
 
     def close(self) -> None:
         """End the helper (it exits at end of input) and reap it."""
-        link, self.link, self.proc = self.link, None, None
+        link, self.link = self.link, None
         if link is None:
             return
         proc = link.proc
