@@ -1,5 +1,5 @@
 """What pinning the CPU code paths costs (stages/core/numerics.py): stage wall time with the
-libraries' native choice (SHIFTLAB_NATIVE_CPU=1) and pinned to AVX2 (the default).
+libraries' native choice (SHIFTLAB_NATIVE_CPU=1) and pinned (the default: see numerics.py).
 
     python -m benchmarks.bench_pinning [--runs 3] [--dataset colored_digits]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from stages.core.numerics import PINNED
 from tests.support import project_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +75,41 @@ def test_the_stages_write_the_same_bytes_on_a_lesser_machine(tmp_path: Path) -> 
     assert len(models) == 4 and any(f.endswith("report.html") for f in here)
     differ = sorted(f for f in here if here[f] != there.get(f))
     assert not differ and set(here) == set(there), differ
+
+
+# A stage's numerical work: a convolution (oneDNN's, unless turned off) and a matrix product
+# (MKL's SGEMM), forward and backward, after `import stages` and `setup_torch` as every stage does.
+KERNELS = """
+import stages, torch
+from stages.core.runtime import setup_torch
+setup_torch(0)
+conv = torch.nn.Conv2d(3, 8, 3)
+loss = (conv(torch.randn(16, 3, 12, 12)).flatten(1) @ torch.randn(8 * 10 * 10, 4)).sum()
+loss.backward()
+"""
+
+
+def kernel_log(native: bool) -> str:
+    """What MKL and oneDNN report running KERNELS in a fresh process (their verbose modes)."""
+    env = project_env()
+    for key in (*PINNED, "SHIFTLAB_NATIVE_CPU"):  # as a shell gives them (this process may have pinned its own)
+        env.pop(key, None)
+    env.update(MKL_VERBOSE="1", ONEDNN_VERBOSE="1", **({"SHIFTLAB_NATIVE_CPU": "1"} if native else {}))
+    proc = subprocess.run([sys.executable, "-c", KERNELS], cwd=REPO, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout + proc.stderr
+
+
+def test_mkl_runs_its_vendor_neutral_branch_and_onednn_runs_nothing():
+    """The pins hold on this very CPU, whatever its vendor: MKL runs the COMPATIBLE branch it was
+    given (its AVX2 branch is Intel's only: on an AMD EPYC MKL silently ran AUTO, `CNR:AUTO`, and
+    every weight differed from the committed dvc.lock's), and oneDNN, whose blocking follows the
+    CPU's cache sizes, executes no primitive. With SHIFTLAB_NATIVE_CPU=1 the same code does use
+    oneDNN and MKL's own choice, so the check can tell the two apart."""
+    pinned = kernel_log(native=False)
+    branches = set(re.findall(r"MKL_VERBOSE SGEMM\(.*?CNR:(\S+)", pinned))
+    assert branches == {"COMPATIBLE"}, branches
+    assert not re.search(r"onednn_verbose.*,exec,", pinned)
+    native = kernel_log(native=True)
+    assert re.search(r"onednn_verbose.*,exec,cpu,convolution", native)
+    assert "CNR:COMPATIBLE" not in native

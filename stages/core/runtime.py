@@ -140,8 +140,11 @@ def setup_torch(seed: int) -> torch.Generator:
     """
     import torch
 
+    from stages.core.numerics import pin_torch
+
     rt = current()
     torch.set_num_threads(rt.threads)
+    pin_torch()
     # Same flag as torch.use_deterministic_algorithms(True), which also imports
     # torch._inductor.config (~1.5 s per process, x every stage of the DAG) only to
     # configure torch.compile, which shiftlab never uses.
