@@ -5,7 +5,8 @@ Each run is a chain of fresh stage processes on a small gaussian_shortcut (`expe
 prepare, train erm, lda, diffusion and dfr (on erm's features), evaluate each, report. One run
 starts from a plain environment on this machine; the other from an environment that imitates a
 lesser machine — PyTorch's generic kernels (`ATEN_CPU_CAPABILITY=default`), MKL and oneDNN capped
-at SSE4.2, OpenBLAS's oldest x86-64 kernels, four OpenMP/BLAS threads and one core of affinity.
+at SSE4.2, OpenBLAS's oldest x86-64 kernels, numpy without its AVX-512 loops, four OpenMP/BLAS
+threads and one core of affinity.
 Before the stages pinned their code paths, the second run's erm weights (PyTorch's kernels) and
 lda weights (MKL's float64 LAPACK) differed from the first's, and with them every file after.
 """
@@ -36,6 +37,7 @@ LESSER_MACHINE = {
     "ONEDNN_MAX_CPU_ISA": "SSE41",
     "DNNL_MAX_CPU_ISA": "SSE41",
     "OPENBLAS_CORETYPE": "Prescott",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",  # numpy's AVX-512 loops, as on an AVX2-only CPU
     "OMP_NUM_THREADS": "4",
     "OPENBLAS_NUM_THREADS": "4",
     "MKL_NUM_THREADS": "4",
