@@ -115,3 +115,25 @@ def test_mkl_runs_its_vendor_neutral_branch_and_onednn_runs_nothing():
     native = kernel_log(native=True)
     assert re.search(r"onednn_verbose.*,exec,cpu,convolution", native)
     assert "CNR:COMPATIBLE" not in native
+
+
+def test_onednn_stays_on_only_for_a_run_on_every_core(monkeypatch):
+    """`runtime.threads: 0` (the real-data recipes) gives other bytes on a machine with another core
+    count anyway, so it keeps oneDNN's speed; a fixed thread count (the default: one) turns it off."""
+    import torch
+
+    from stages.core import runtime
+    from stages.core.config import configure_runtime, load_params
+
+    monkeypatch.delenv("SHIFTLAB_NATIVE_CPU", raising=False)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    previous = runtime.current()
+    try:
+        for threads, onednn in ((0, True), (1, False), (0, True)):
+            rt = configure_runtime(load_params(REPO / "params.yaml", [f"runtime.threads={threads}"]))
+            assert rt.all_cores is (threads == 0) and rt.threads >= 1
+            runtime.setup_torch(0)
+            assert torch.backends.mkldnn.enabled is onednn
+    finally:
+        runtime.use(previous)
+        runtime.setup_torch(0)

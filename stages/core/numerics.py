@@ -22,7 +22,8 @@ weight differed from the committed dvc.lock's. COMPATIBLE (SSE2 without the appr
 reciprocals, whose results differ between vendors) is the branch MKL documents for the same
 results on Intel and non-Intel CPUs. oneDNN has no such mode (it is run-to-run deterministic on
 one platform only: its blocking follows the CPU's cache sizes), so `pin_torch()` turns PyTorch's
-use of it off: convolutions then run PyTorch's own kernels and MKL's GEMM.
+use of it off at a fixed thread count (the default: one): convolutions then run PyTorch's own
+kernels and MKL's GEMM.
 
 Every stage process gets the variables from `import stages` (stages/__init__.py runs this first,
 before any stage imports torch or numpy) and `pin_torch()` from `setup_torch`; the flow's warm
@@ -65,11 +66,12 @@ def code_path() -> str:
     return "pinned" if pinned else "native"
 
 
-def pin_torch() -> None:
-    """Turn off PyTorch's oneDNN kernels unless NATIVE is set (see above: their results follow the
-    CPU's cache sizes). Called by `setup_torch`, after torch is imported."""
-    if code_path() == "native":
-        return
+def pin_torch(onednn: bool = False) -> None:
+    """Turn PyTorch's oneDNN kernels off unless NATIVE is set or `onednn` keeps them on (see above:
+    their results follow the CPU's cache sizes). Called by `setup_torch`, after torch is imported,
+    with `onednn` true for `runtime.threads: 0`: a run on every core gives other bytes on a machine
+    with another core count anyway, so oneDNN's speed costs it nothing it has (the real-data
+    recipes run so; a fixed thread count, the default one, keeps the same bytes on any CPU)."""
     import torch
 
-    torch.backends.mkldnn.enabled = False
+    torch.backends.mkldnn.enabled = onednn or code_path() == "native"

@@ -37,6 +37,7 @@ class Runtime:
     stream: bool = False
     shuffle_buffer: int = 8192
     workers: int = 1
+    all_cores: bool = False  # `threads: 0`: as many threads as this machine has cores
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -116,7 +117,8 @@ def resolve(cfg: Any, key: str = "runtime") -> Runtime:
     if cfg.precision == "bf16" and device.startswith("cuda") and not torch.cuda.is_bf16_supported():
         raise ConfigError(f"{key}.precision=bf16: {torch.cuda.get_device_name(device)} has no bf16 support; use fp16 or fp32")
     threads = cfg.threads or available_cores()
-    return Runtime(device, cfg.precision, threads, cfg.deterministic, cfg.stream, cfg.shuffle_buffer, cfg.workers)
+    return Runtime(device, cfg.precision, threads, cfg.deterministic, cfg.stream, cfg.shuffle_buffer, cfg.workers,
+                   all_cores=not cfg.threads)
 
 
 def use(runtime: Runtime) -> Runtime:
@@ -144,7 +146,7 @@ def setup_torch(seed: int) -> torch.Generator:
 
     rt = current()
     torch.set_num_threads(rt.threads)
-    pin_torch()
+    pin_torch(onednn=rt.all_cores)
     # Same flag as torch.use_deterministic_algorithms(True), which also imports
     # torch._inductor.config (~1.5 s per process, x every stage of the DAG) only to
     # configure torch.compile, which shiftlab never uses.
