@@ -44,6 +44,15 @@ LESSER_MACHINE = {
 }
 
 
+def shell_env() -> dict[str, str]:
+    """project_env() as a plain shell gives it: none of the pins, imitations or SHIFTLAB_NATIVE_CPU
+    (this test process pinned its own environment when it imported stages)."""
+    env = project_env()
+    for key in (*PINNED, *LESSER_MACHINE, "SHIFTLAB_NATIVE_CPU"):
+        env.pop(key, None)
+    return env
+
+
 def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]:
     """The stages, each in a fresh process; {output file: sha256} of everything they wrote."""
     shutil.copytree(REPO / "conf", root / "conf")
@@ -68,9 +77,7 @@ def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]
 
 
 def test_the_stages_write_the_same_bytes_on_a_lesser_machine(tmp_path: Path) -> None:
-    plain = project_env()
-    for key in (*LESSER_MACHINE, "SHIFTLAB_NATIVE_CPU"):
-        plain.pop(key, None)
+    plain = shell_env()
     here = run_chain(tmp_path / "here", plain, one_core=False)
     there = run_chain(tmp_path / "there", {**plain, **LESSER_MACHINE}, one_core=True)
     models = [f for f in here if f.endswith("model.safetensors")]
@@ -93,9 +100,7 @@ loss.backward()
 
 def kernel_log(native: bool) -> str:
     """What MKL and oneDNN report running KERNELS in a fresh process (their verbose modes)."""
-    env = project_env()
-    for key in (*PINNED, "SHIFTLAB_NATIVE_CPU"):  # as a shell gives them (this process may have pinned its own)
-        env.pop(key, None)
+    env = shell_env()
     env.update(MKL_VERBOSE="1", ONEDNN_VERBOSE="1", **({"SHIFTLAB_NATIVE_CPU": "1"} if native else {}))
     proc = subprocess.run([sys.executable, "-c", KERNELS], cwd=REPO, env=env, text=True, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -127,13 +132,13 @@ def test_onednn_stays_on_only_for_a_run_on_every_core(monkeypatch):
 
     monkeypatch.delenv("SHIFTLAB_NATIVE_CPU", raising=False)
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
-    previous = runtime.current()
+    previous, torch_threads = runtime.current(), torch.get_num_threads()
     try:
         for threads, onednn in ((0, True), (1, False), (0, True)):
             rt = configure_runtime(load_params(REPO / "params.yaml", [f"runtime.threads={threads}"]))
             assert rt.all_cores is (threads == 0) and rt.threads >= 1
             runtime.setup_torch(0)
             assert torch.backends.mkldnn.enabled is onednn
-    finally:
+    finally:  # this test process's runtime and thread count as they were (mkldnn: monkeypatch)
         runtime.use(previous)
-        runtime.setup_torch(0)
+        torch.set_num_threads(torch_threads)
