@@ -3,10 +3,12 @@ and cores the environment they start in would give them (stages/core/numerics.py
 
 Each run is a chain of fresh stage processes on a small gaussian_shortcut (`experiment=tiny`):
 prepare, train erm, lda, diffusion and dfr (on erm's features), evaluate each, report. One run
-starts from a plain environment on this machine; the other from an environment that imitates a
-lesser machine — PyTorch's generic kernels (`ATEN_CPU_CAPABILITY=default`), MKL and oneDNN capped
-at SSE4.2, OpenBLAS's oldest x86-64 kernels, numpy without its AVX-512 loops, four OpenMP/BLAS
-threads and one core of affinity.
+starts each stage as `dvc repro` does (a new interpreter), from a plain environment on this
+machine; the other as `make repro`'s flow does (forks of a warm stage helper that imported torch
+first: pipeline/stage_helper.py), from an environment that imitates a lesser machine — PyTorch's
+generic kernels (`ATEN_CPU_CAPABILITY=default`), MKL and oneDNN capped at SSE4.2, OpenBLAS's
+oldest x86-64 kernels, numpy without its AVX-512 loops, four OpenMP/BLAS threads and one core of
+affinity. So the two ways the stages start must agree as well as the two machines.
 Before the stages pinned their code paths, the second run's erm weights (PyTorch's kernels) and
 lda weights (MKL's float64 LAPACK) differed from the first's, and with them every file after.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stage_helper import StageHelper
 from stages.core.numerics import PINNED
 from tests.support import project_env
 
@@ -53,8 +56,9 @@ def shell_env() -> dict[str, str]:
     return env
 
 
-def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]:
-    """The stages, each in a fresh process; {output file: sha256} of everything they wrote."""
+def run_chain(root: Path, env: dict[str, str], lesser: bool) -> dict[str, str]:
+    """The stages, each in a fresh process; {output file: sha256} of everything they wrote.
+    `lesser`: forked from a stage helper started in `env`, on one core; else `python -m` each."""
     shutil.copytree(REPO / "conf", root / "conf")
     params = root / "params.yaml"
     steps = [
@@ -65,11 +69,19 @@ def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]
         *(["stages.evaluate", DS, m, "0"] for m in ("erm", "lda", "diffusion", "dfr")),
         ["stages.report"],
     ]
-    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one_core and shutil.which("taskset") else []
-    for step in steps:
-        cmd = [*pin, sys.executable, "-m", *step, *(["--params", str(params)] if step[0] != "stages.core.config" else [])]
-        proc = subprocess.run(cmd, cwd=root, env={**env, "PYTHONPATH": str(REPO)}, text=True, capture_output=True, timeout=600)
-        assert proc.returncode == 0, f"{' '.join(step)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    env = {**env, "PYTHONPATH": str(REPO)}
+    with StageHelper(str(root), env) as helper:
+        if lesser:
+            os.sched_setaffinity(helper.start().pid, {min(os.sched_getaffinity(0))})  # its forks inherit it
+        for module, *args in steps:
+            args += ["--params", str(params)] if module != "stages.core.config" else []
+            if lesser:
+                code, out = helper.run_module(module, args, str(root), env)
+            else:
+                proc = subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env, text=True,
+                                      capture_output=True, timeout=600)
+                code, out = proc.returncode, proc.stdout + proc.stderr
+            assert code == 0, f"{module} {' '.join(args)}:\n{out[-4000:]}"
     return {
         p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted((root / "data").rglob("*")) if p.is_file()
@@ -78,8 +90,8 @@ def run_chain(root: Path, env: dict[str, str], one_core: bool) -> dict[str, str]
 
 def test_the_stages_write_the_same_bytes_on_a_lesser_machine(tmp_path: Path) -> None:
     plain = shell_env()
-    here = run_chain(tmp_path / "here", plain, one_core=False)
-    there = run_chain(tmp_path / "there", {**plain, **LESSER_MACHINE}, one_core=True)
+    here = run_chain(tmp_path / "here", plain, lesser=False)
+    there = run_chain(tmp_path / "there", {**plain, **LESSER_MACHINE}, lesser=True)
     models = [f for f in here if f.endswith("model.safetensors")]
     assert len(models) == 4 and any(f.endswith("report.html") for f in here)
     differ = sorted(f for f in here if here[f] != there.get(f))
