@@ -187,8 +187,8 @@ def dvc_bin() -> str:
 # glibc's malloc hands every freed block above its mmap threshold (128 KiB, adapting up to 32 MiB
 # at most) back to the kernel, and trims the heap's free top: a stage that allocates tensors over
 # 32 MiB every batch then takes a page fault per 4 KiB page of each one, every time. Keeping them
-# in the process's heap took the evidence recipe's heaviest training stage (3 epochs) from 209 s
-# user + 69 s system CPU to 222 + 4 s, peak RSS 4.69 -> 5.80 GB (README, Performance;
+# in the process's heap took the evidence recipe's heaviest training stage (3 epochs) from 355 s
+# user + 62 s system CPU to 371 + 6.5 s, peak RSS 4.28 -> 5.81 GB (README, Performance;
 # benchmarks/bench_malloc.py). glibc reads these when a process starts,
 # so they go in the environment the stage processes start from; a value in the shell wins.
 # Allocation changes no arithmetic: the same bytes come out.
