@@ -15,6 +15,7 @@ lda weights (MKL's float64 LAPACK) differed from the first's, and with them ever
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -56,6 +57,13 @@ def shell_env() -> dict[str, str]:
     return env
 
 
+def python_m(module: str, args: list[str], cwd: str, env: dict[str, str]) -> tuple[int, str]:
+    """`python -m <module> <args>` in a new interpreter, as `dvc repro` starts a stage: exit code
+    and output, as StageHelper.run_module gives them for a fork."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
 def run_chain(root: Path, env: dict[str, str], lesser: bool) -> dict[str, str]:
     """The stages, each in a fresh process; {output file: sha256} of everything they wrote.
     `lesser`: forked from a stage helper started in `env`, on one core; else `python -m` each."""
@@ -70,17 +78,15 @@ def run_chain(root: Path, env: dict[str, str], lesser: bool) -> dict[str, str]:
         ["stages.report"],
     ]
     env = {**env, "PYTHONPATH": str(REPO)}
-    with StageHelper(str(root), env) as helper:
+    with contextlib.ExitStack() as stack:
+        run = python_m
         if lesser:
+            helper = stack.enter_context(StageHelper(str(root), env))
             os.sched_setaffinity(helper.start().pid, {min(os.sched_getaffinity(0))})  # its forks inherit it
+            run = helper.run_module
         for module, *args in steps:
             args += ["--params", str(params)] if module != "stages.core.config" else []
-            if lesser:
-                code, out = helper.run_module(module, args, str(root), env)
-            else:
-                proc = subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env, text=True,
-                                      capture_output=True, timeout=600)
-                code, out = proc.returncode, proc.stdout + proc.stderr
+            code, out = run(module, args, str(root), env)
             assert code == 0, f"{module} {' '.join(args)}:\n{out[-4000:]}"
     return {
         p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
