@@ -3,7 +3,8 @@
 Faults come from the test-only hook SHIFTLAB_FAULT (stages/core/io.py `fault_point`), so every
 kill lands at the same place each time: `kill_after_epoch:N` (training finished epoch N and
 wrote its checkpoint if one was due), `kill_before_rename:<file>` (an atomic write is
-complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTERM.
+complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTERM. The faulted commands are forks of one warm stage
+helper, as `make repro`'s flow starts its stages; the re-runs are in-process.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
-import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipeline.stage_helper import StageHelper
 from stages import evaluate, train
 from stages.core import checkpoint
 from stages.core.artifacts import (
@@ -66,14 +68,32 @@ def ckpt_dir(method: str) -> Path:
     return checkpoint.checkpoint_dir(f"train@{DS}-{method}-0")
 
 
-def run_stage(module: str, *args: str, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m stages.<module> ...` in the working directory, optionally with a fault."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SHIFTLAB_QUIET": "1"}
-    env.pop("SHIFTLAB_FAULT", None)
-    if fault:
-        env["SHIFTLAB_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", f"stages.{module}", *args], env=env, text=True,
-                          capture_output=True, timeout=300)
+class Ran(NamedTuple):
+    returncode: int
+    output: str  # stdout and stderr together, as the flow's log shows a stage's
+
+
+@pytest.fixture(scope="module")
+def stage_helper() -> Iterator[StageHelper]:
+    """A warm stage helper (pipeline/stage_helper.py) for the module: each stage command is a fork
+    of it, a process of its own as `make repro`'s flow starts a stage, that the faults kill or stop
+    for real; started with this process's (pinned) environment, so its bytes are the in-process
+    runs'. Each fork skips ~2 s of imports a new interpreter pays (torch, TorchDynamo)."""
+    with StageHelper(str(REPO), {**os.environ, "PYTHONPATH": str(REPO)}) as helper:
+        yield helper
+
+
+@pytest.fixture
+def run_stage(stage_helper: StageHelper) -> Callable[..., Ran]:
+    def run(module: str, *args: str, fault: str | None = None) -> Ran:
+        """`python -m stages.<module> ...` in the working directory, optionally with a fault."""
+        env = {**os.environ, "PYTHONPATH": str(REPO), "SHIFTLAB_QUIET": "1"}
+        env.pop("SHIFTLAB_FAULT", None)
+        if fault:
+            env["SHIFTLAB_FAULT"] = fault
+        return Ran(*stage_helper.run_module(f"stages.{module}", list(args), os.getcwd(), env))
+
+    return run
 
 
 def folder_bytes(path: Path) -> dict[str, bytes]:
@@ -139,7 +159,7 @@ def work(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("method", RESUMABLE)
-def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference, method, capsys):
+def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference, method, capsys, run_stage):
     killed = run_stage("train", DS, method, "0", *fast(method), fault="kill_after_epoch:2")
     assert killed.returncode == -signal.SIGKILL
     assert not model_dir(DS, method, 0).exists() and strays(work) == []
@@ -153,7 +173,7 @@ def test_sigkill_mid_training_then_rerun_resumes_byte_identical(work, reference,
     assert not ckpt_dir(method).exists()
 
 
-def test_a_run_stopped_on_the_plateau_resumes_to_the_same_stop(work, reference, capsys):
+def test_a_run_stopped_on_the_plateau_resumes_to_the_same_stop(work, reference, capsys, run_stage):
     """Killed mid-training, or after the epoch the plateau test stopped it at (its folder written but
     not renamed, that epoch's checkpoint kept): the re-run stops at the same epoch, byte-identical,
     and never trains past it."""
@@ -175,11 +195,11 @@ def test_a_run_stopped_on_the_plateau_resumes_to_the_same_stop(work, reference, 
 
 @pytest.mark.parametrize(("method", "fault", "sig"), [("erm", "interrupt", signal.SIGINT), ("erm", "term", signal.SIGTERM),
                                                      ("diffusion", "term", signal.SIGTERM)])
-def test_sigint_sigterm_write_a_checkpoint_and_exit_nonzero_saying_how_to_resume(work, reference, method, fault, sig, capsys):
+def test_sigint_sigterm_write_a_checkpoint_and_exit_nonzero_saying_how_to_resume(work, reference, method, fault, sig, capsys, run_stage):
     # checkpoint_every=0: the only checkpoint is the one the stop request writes.
     stopped = run_stage("train", DS, method, "0", *fast(method), "train.checkpoint_every=0", fault=f"{fault}_after_epoch:2")
     assert stopped.returncode == 128 + sig
-    last = stopped.stderr.strip().splitlines()[-1]
+    last = stopped.output.strip().splitlines()[-1]
     assert last.startswith(f"train: stopped by {sig.name} after epoch 2/{EPOCHS}; checkpoint ")
     assert "run the same command (or `dvc repro`) again to resume" in last
     assert [p.name for p in ckpt_dir(method).iterdir()] == ["epoch-000002.safetensors"]
@@ -191,7 +211,7 @@ def test_sigint_sigterm_write_a_checkpoint_and_exit_nonzero_saying_how_to_resume
     assert not ckpt_dir(method).exists()
 
 
-def test_truncated_checkpoint_is_reported_in_one_line_and_the_previous_one_used(work, reference, capsys):
+def test_truncated_checkpoint_is_reported_in_one_line_and_the_previous_one_used(work, reference, capsys, run_stage):
     assert run_stage("train", DS, "erm", "0", *fast("erm"), fault="kill_after_epoch:3").returncode == -signal.SIGKILL
     newest = ckpt_dir("erm") / "epoch-000003.safetensors"
     newest.write_bytes(newest.read_bytes()[:300])
@@ -214,7 +234,7 @@ class _Trap:
         return (Path.touch, (Path(self.marker),))
 
 
-def test_checkpoints_of_other_params_other_code_or_a_pickle_are_ignored_never_loaded(work, reference, capsys, monkeypatch):
+def test_checkpoints_of_other_params_other_code_or_a_pickle_are_ignored_never_loaded(work, reference, capsys, monkeypatch, run_stage):
     assert run_stage("train", DS, "erm", "0", *fast("erm"), fault="kill_after_epoch:2").returncode == -signal.SIGKILL
     marker = work / "unpickled"
     (ckpt_dir("erm") / "epoch-000009.safetensors").write_bytes(pickle.dumps(_Trap(str(marker))))
@@ -239,7 +259,7 @@ def test_checkpoints_of_other_params_other_code_or_a_pickle_are_ignored_never_lo
     assert "epoch-000002.safetensors: made with other params" in err and "resuming" not in err
 
 
-def test_resume_false_starts_over(work, reference, capsys):
+def test_resume_false_starts_over(work, reference, capsys, run_stage):
     assert run_stage("train", DS, "erm", "0", *fast("erm"), fault="kill_after_epoch:2").returncode == -signal.SIGKILL
     assert train.main([DS, "erm", "0", *fast("erm"), "train.resume=false"]) == 0
     err = capsys.readouterr().err
@@ -247,7 +267,7 @@ def test_resume_false_starts_over(work, reference, capsys):
     assert folder_bytes(model_dir(DS, "erm", 0)) == reference["erm"]
 
 
-def test_sigkill_mid_parquet_write_keeps_the_old_output_and_the_rerun_cleans_up(work, reference):
+def test_sigkill_mid_parquet_write_keeps_the_old_output_and_the_rerun_cleans_up(work, reference, run_stage):
     assert train.main([DS, "erm", "0", *fast("erm")]) == 0
     path = predictions_path(DS, "erm", 0)
     path.parent.mkdir(parents=True)
@@ -270,14 +290,14 @@ def test_sigkill_mid_parquet_write_keeps_the_old_output_and_the_rerun_cleans_up(
     assert path.read_bytes() == reference["evaluate"]["predictions"]
 
 
-def test_sigkill_mid_model_write_and_mid_evaluation_then_rerun_is_byte_identical(work, reference):
+def test_sigkill_mid_model_write_and_mid_evaluation_then_rerun_is_byte_identical(work, reference, run_stage):
     # The model folder is complete in its temp folder but not renamed: no model, a stray folder.
     killed = run_stage("train", DS, "erm", "0", *fast("erm"), fault="kill_before_rename:seed=0")
     assert killed.returncode == -signal.SIGKILL
     assert not model_dir(DS, "erm", 0).exists()
     assert [p.parent for p in strays(work)] == [model_dir(DS, "erm", 0).parent]
     resumed = run_stage("train", DS, "erm", "0", *fast("erm"))
-    assert resumed.returncode == 0 and f"(epoch {EPOCHS})" in resumed.stderr
+    assert resumed.returncode == 0 and f"(epoch {EPOCHS})" in resumed.output
     assert folder_bytes(model_dir(DS, "erm", 0)) == reference["erm"] and strays(work) == []
 
     # Evaluate killed between its predictions and its metrics: metrics missing, then restored exactly.
