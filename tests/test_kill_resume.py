@@ -3,8 +3,9 @@
 Faults come from the test-only hook SHIFTLAB_FAULT (stages/core/io.py `fault_point`), so every
 kill lands at the same place each time: `kill_after_epoch:N` (training finished epoch N and
 wrote its checkpoint if one was due), `kill_before_rename:<file>` (an atomic write is
-complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTERM. The faulted commands are forks of one warm stage
-helper, as `make repro`'s flow starts its stages; the re-runs are in-process.
+complete but not yet renamed into place), `interrupt_`/`term_` for SIGINT/SIGTERM. The faulted
+commands are forks of one warm stage helper, as `make repro`'s flow starts its stages; the
+re-runs are in-process.
 """
 
 from __future__ import annotations
