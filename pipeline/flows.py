@@ -217,6 +217,28 @@ def run_command(cmd: Sequence[str], root: str, what: str) -> str:
     return output
 
 
+def compose_error(root: str | Path, overrides: Sequence[str], sets: Sequence[Sequence[str]] = ((),)) -> tuple[int, str] | None:
+    """Compose conf/ with `overrides` followed by each of `sets` in turn, writing nothing: one
+    `stages.core.config compose --set ...` process, the composition `set_params` and `dvc exp run
+    -S` do. None when every set composes into a valid config, else (the 1-based position of the
+    first set that does not, what is wrong with it). ValueError when the check itself could not
+    run (no conf/, ...)."""
+    cmd = [sys.executable, "-m", "stages.core.config", "compose", *overrides]
+    for extra in sets:
+        cmd += ["--set", *extra]
+    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+    line = lines[-1].removeprefix("config: error: ")
+    m = re.match(r"--set (\d+): ", line)
+    if m is None or not 0 < int(m.group(1)) <= len(sets):  # not a composition error: say what it was
+        raise ValueError(line)
+    n = int(m.group(1))
+    what = line[m.end():].removeprefix(f"conf/ with overrides {[*overrides, *sets[n - 1]]}: ")
+    return n, what.split("; the composed config is refused")[0]  # the hydra plugin's words for params.yaml
+
+
 # ---- tasks -----------------------------------------------------------------------------------
 
 
@@ -564,9 +586,10 @@ def datasets_of(stages: Iterable[str]) -> list[str]:
 
 def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     """What the command line can refuse in one line before Prefect starts: a root that is no DVC
-    project, a workspace another run holds (exit 75, as pipeline.lock), a `--target` matching
-    no stage (checked against dvc.yaml as it is, so not with `--override`s, which may change
-    the stages). (None, 0) when none applies."""
+    project, a workspace another run holds (exit 75, as pipeline.lock), `--override`s that do
+    not compose into a valid config (an unknown key, a value out of range), a `--target`
+    matching no stage (checked against dvc.yaml as it is, so not with `--override`s, which may
+    change the stages). (None, 0) when none applies."""
     from pipeline.lock import BUSY_EXIT, busy
 
     root = Path(args.root).resolve()
@@ -575,6 +598,13 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     who = None if args.wait else busy(root)
     if who:
         return f"another shiftlab run is using {root}: {who}; let it finish, or queue behind it (--wait, `make repro WAIT=1`)", BUSY_EXIT
+    if args.override:  # each would fail inside the flow run, after its Prefect server started
+        try:
+            error = compose_error(root, args.override)
+        except ValueError as e:
+            return f"--override could not be checked: {e}", 2
+        if error:
+            return f"--override {' '.join(args.override)}: {error[1]}; no stage ran, params.yaml is as it was", 2
     if args.target and not args.override:
         order, upstream = stage_graph(root)
         try:

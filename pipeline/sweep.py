@@ -49,7 +49,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from pipeline.flows import dvc_bin, tool_env  # noqa: E402
+from pipeline.flows import compose_error, dvc_bin, tool_env  # noqa: E402
 from pipeline.publish import artifact_key  # noqa: E402
 
 SWEEPS_DIR = Path("data") / "reports" / "sweeps"
@@ -327,28 +327,20 @@ def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: st
     --set ...` process (the points' own composition), with the fixed overrides first. Returns
     the point count. The flow itself (a Prefect deployment runs it without this) still reports
     a point that fails with the others."""
-    import subprocess
-
     axes = parse_grid(grid)
     points = expand_grid(grid)
     sanitize(name)
     if not (Path(root) / ".dvc").is_dir() or not (Path(root) / "conf").is_dir():
         raise ValueError(f"{Path(root).resolve()}: not a shiftlab DVC project (no .dvc/ or conf/ here); run the sweep from the repository's root")
     sets = [(None, [])] + value_sets(axes) if overrides else value_sets(axes)  # the fixed ones alone first: blamed alone
-    cmd = [sys.executable, "-m", "stages.core.config", "compose", *overrides]
-    for _, extra in sets:
-        cmd += ["--set", *extra]
-    proc = subprocess.run(cmd, cwd=root, text=True, capture_output=True, env=tool_env())
-    if proc.returncode == 0:
+    try:
+        error = compose_error(root, overrides, [extra for _, extra in sets])
+    except ValueError as e:
+        raise ValueError(f"the grid could not be checked: {e}") from None
+    if error is None:
         return len(points)
-    lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-    line = lines[-1].removeprefix("config: error: ")
-    m = re.match(r"--set (\d+): ", line)
-    if m is None or not 0 < int(m.group(1)) <= len(sets):  # not a composition error: say what it was
-        raise ValueError(f"the grid could not be checked: {line}")
-    blame, extra = sets[int(m.group(1)) - 1]
-    what = line[m.end():].removeprefix(f"conf/ with overrides {[*overrides, *extra]}: ")
-    what = what.split("; the composed config is refused")[0]  # the hydra plugin's words for params.yaml
+    n, what = error
+    blame, extra = sets[n - 1]
     if not extra:
         raise ValueError(f"--override {' '.join(overrides)}: {what}; no point was started")
     if blame is None:  # the first values: the axis whose key the error names

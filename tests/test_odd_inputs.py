@@ -6,7 +6,8 @@
   full range), or are refused naming the file and the mode;
 - `pipeline.inspect` on a FIFO, a socket, a device, a symlink loop or JSON nested 100,000 deep;
 - NaN and ±inf in any float key of any schema: one rule, one wording;
-- a sweep grid with an unknown key, an empty list or a bad value is refused before any point starts.
+- a sweep grid with an unknown key, an empty list or a bad value is refused before any point starts;
+  so is a `pipeline.flows --override` that does not compose, before its Prefect server starts.
 
 docs/reliability.md lists the same cases.
 """
@@ -485,3 +486,31 @@ def test_value_sets_check_every_value_once_with_the_other_axes_at_their_first():
         ("a=1,2,3", ["a=3", "b=x"]),
         ("b=x,y", ["a=1", "b=y"]),
     ]
+
+
+@pytest.mark.parametrize(("override", "names"), [
+    (["method.erm.lrr=0.1"], ("--override method.erm.lrr=0.1: Could not override 'method.erm.lrr'",)),
+    (["experiment=tiny", "run.seeds=[]"], ("--override experiment=tiny run.seeds=[]: run.seeds: must not be empty",)),
+    (["method.erm.lr=inf"], ("method.erm.lr: must be a finite number > 0, got inf",)),
+], ids=["unknown-key", "empty-list", "bad-value"])
+def test_a_flow_override_that_does_not_compose_is_one_line_before_prefect_starts(override, names, tmp_path):
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")  # what the flow's preflight looks for first
+    (tmp_path / "params.yaml").write_text("the params as they were\n")
+
+    def files() -> dict[str, bytes]:
+        return {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    before = files()
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline.flows", *(a for o in override for a in ("--override", o))],
+                          cwd=tmp_path, env=env(), text=True, capture_output=True, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_line(proc.stderr)
+    assert line.startswith("pipeline: error: --override ") and line.endswith("; no stage ran, params.yaml is as it was"), line
+    for name in names:
+        assert name in line, line
+    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()  # no flow run, no Prefect server
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert files() == before
