@@ -614,15 +614,22 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     return None, 0
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of stages >= 1, got {text!r}")
-    return value
+def count_of(what: str) -> Callable[[str], int]:
+    """argparse type: a whole number of `what` >= 1."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what} >= 1, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = count_of("stages")  # --max-parallel
 
 
 def main(argv: Sequence[str] | None = None, own_session: bool = False) -> int:

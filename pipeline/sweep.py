@@ -49,7 +49,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from pipeline.flows import compose_error, dvc_bin, tool_env  # noqa: E402
+from pipeline.flows import Refused, compose_error, count_of, dvc_bin, tool_env  # noqa: E402
 from pipeline.publish import artifact_key  # noqa: E402
 
 SWEEPS_DIR = Path("data") / "reports" / "sweeps"
@@ -252,7 +252,9 @@ def task_runner(workers: int, dask_address: str | None) -> Any:
         return DaskTaskRunner(address=dask_address)
     from prefect.task_runners import ProcessPoolTaskRunner
 
-    return ProcessPoolTaskRunner(max_workers=max(1, workers))
+    if workers < 1:  # a deployment run's parameter (the command line refuses it in its parser)
+        raise Refused(f"workers must be at least 1, got {workers}")
+    return ProcessPoolTaskRunner(max_workers=workers)
 
 
 @flow(name="shiftlab-sweep", log_prints=True)
@@ -349,6 +351,30 @@ def preflight(grid: Sequence[str], name: str, overrides: Sequence[str], root: st
     raise ValueError(f"--grid {blame}: {what}; no point was started")
 
 
+def check_scheduler(address: str, timeout: float = 5.0) -> None:
+    """ValueError (one line) unless `address` is a Dask scheduler address (`tcp://host:port`,
+    `host:port`, `tls://...`) that something answers on: the sweep would otherwise start its
+    Prefect server and fail inside the flow run (a malformed address), or only after Dask's 30 s
+    connect timeout (nothing listening). Only that a TCP connection opens is checked."""
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location) if scheme in ("tcp", "tls") else (None, None)
+    except ValueError as e:
+        raise ValueError(f"--dask-address {address}: not a Dask scheduler address ({e}); e.g. tcp://10.0.0.5:8786; no point was started") from None
+    if host is None:  # inproc://, ucx://...: nothing to dial from here
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", port), timeout=timeout).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ValueError(f"--dask-address {address}: no Dask scheduler answers there ({reason}); start one "
+                         f"(`dask scheduler`) or leave --dask-address out to run the points in local processes; no point was started") from None
+
+
 def _grid_key(key: str) -> str:
     """The config key a grid key overrides: `+a.b` and `~a.b` -> `a.b`, `group@a.b` -> `a.b`."""
     return key.lstrip("+~").split("@")[-1]
@@ -361,11 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2", help="one axis (repeatable)")
     parser.add_argument("--name", default="sweep")
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="fixed override for every point (repeatable)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--dask-address", default=None)
+    parser.add_argument("--workers", type=count_of("processes"), default=2, help="local processes running points at once (default 2)")
+    parser.add_argument("--dask-address", default=None, help="a Dask scheduler to run the points on instead (tcp://host:8786)")
     args = parser.parse_args(argv)
     try:
         preflight(args.grid, args.name, args.override or [])
+        if args.dask_address:
+            check_scheduler(args.dask_address)
     except ValueError as e:  # ConfigError is one
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2

@@ -476,6 +476,46 @@ def test_a_bad_grid_is_one_line_before_any_point_starts(grid, override, names, s
     assert sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*")) == before
 
 
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--workers", "0"], "sweep: error: argument --workers: expected a whole number of processes >= 1, got '0'; usage: "),
+    (["--dask-address", "nonsense"], "sweep: error: --dask-address nonsense: not a Dask scheduler address (missing port number in address 'nonsense')"),
+    (["--dask-address", "tcp://127.0.0.1:{port}"], "sweep: error: --dask-address tcp://127.0.0.1:{port}: no Dask scheduler answers there (Connection refused)"),
+], ids=["zero-workers", "malformed-address", "nothing-listening"])
+def test_sweep_workers_and_dask_address_are_one_line_before_prefect_starts(args, expected, sweep_project):
+    """Before: `--workers 0` ran on one process; a malformed address failed inside the flow run (63
+    lines), an address nothing listens on after Dask's 30 s connect timeout (70 lines)."""
+    port = closed_port()
+    args, expected = [a.format(port=port) for a in args], expected.format(port=port)
+    before = sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*"))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipeline.sweep", "--grid", "method.lda.shrinkage=0.1", *args], cwd=sweep_project,
+                          env=env(), text=True, capture_output=True, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert one_line(proc.stderr).startswith(expected)
+    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()
+    assert seconds < 20, f"took {seconds:.0f} s"  # not Dask's 30 s connect timeout
+    assert sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*")) == before
+
+
+def test_a_sweep_deployment_run_with_zero_workers_is_refused_not_run_on_one():
+    from prefect.task_runners import ProcessPoolTaskRunner
+
+    from pipeline.flows import Refused
+    from pipeline.sweep import task_runner
+
+    with pytest.raises(Refused, match="workers must be at least 1, got 0"):
+        task_runner(0, None)
+    assert isinstance(task_runner(1, None), ProcessPoolTaskRunner)
+
+
 def test_value_sets_check_every_value_once_with_the_other_axes_at_their_first():
     from pipeline.sweep import value_sets
 
