@@ -614,28 +614,10 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     return None, 0
 
 
-def count_of(what: str) -> Callable[[str], int]:
-    """argparse type: a whole number of `what` >= 1."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected a whole number of {what} >= 1, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = count_of("stages")  # --max-parallel
-
-
 def main(argv: Sequence[str] | None = None, own_session: bool = False) -> int:
     """The command line. With `own_session` (`python -m pipeline.flows`), the run happens in a
     forked child in its own session (`run_in_own_session`)."""
-    from stages.core.console import ArgumentParser  # a usage error is one line
+    from stages.core.console import ArgumentParser, count_of  # a usage error is one line
 
     parser = ArgumentParser(name="pipeline", prog="python -m pipeline.flows", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", action="append", help="stage name or glob (repeatable); default: all")
@@ -644,7 +626,7 @@ def main(argv: Sequence[str] | None = None, own_session: bool = False) -> int:
     parser.add_argument("--push", action="store_true", help="dvc push to the default remote afterwards")
     parser.add_argument("--wait", action="store_true", help="queue behind a shiftlab run already using this workspace")
     parser.add_argument("--root", default=".", help="the DVC workspace (default: the working directory)")
-    parser.add_argument("--max-parallel", type=positive_int, metavar="N", help=f"stages at once (default: the cores available, {cores()} here)")
+    parser.add_argument("--max-parallel", type=count_of("stages"), metavar="N", help=f"stages at once (default: the cores available, {cores()} here)")
     args = parser.parse_args(argv)
     if own_session:
         return run_in_own_session(lambda: run(args, last_line_at_exit=True))

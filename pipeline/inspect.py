@@ -419,12 +419,12 @@ def render(info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.core.console import ArgumentParser  # a usage error is one line too
+    from stages.core.console import ArgumentParser, count_of  # a usage error is one line too
 
     parser = ArgumentParser(name="inspect", prog="python -m pipeline.inspect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--rows", type=int, default=5, help="first rows to show (default 5)")
+    parser.add_argument("--rows", type=count_of("rows", least=0), default=5, help="first rows to show (default 5)")
     args = parser.parse_args(argv)
     try:
         info = inspect(args.path, max(0, min(args.rows, 100)))

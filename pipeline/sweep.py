@@ -49,7 +49,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
-from pipeline.flows import Refused, compose_error, count_of, dvc_bin, tool_env  # noqa: E402
+from pipeline.flows import Refused, compose_error, dvc_bin, tool_env  # noqa: E402
 from pipeline.publish import artifact_key  # noqa: E402
 
 SWEEPS_DIR = Path("data") / "reports" / "sweeps"
@@ -381,7 +381,7 @@ def _grid_key(key: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from stages.core.console import ArgumentParser  # a usage error is one line
+    from stages.core.console import ArgumentParser, count_of  # a usage error is one line
 
     parser = ArgumentParser(name="sweep", prog="python -m pipeline.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2", help="one axis (repeatable)")

@@ -102,6 +102,7 @@ CASES = [
     Case("params-is-a-folder", "stages.train", (DS, "erm", "0", "--params", "conf"), ("conf", "is a folder")),
     Case("config-unknown-command", "stages.core.config", ("nope",), ("invalid choice: 'nope'", "check", "compose")),
     Case("inspect-rows-not-a-number", "pipeline.inspect", ("data", "--rows", "x"), ("--rows", "'x'")),
+    Case("inspect-rows-negative", "pipeline.inspect", ("data", "--rows", "-1"), ("--rows", "rows >= 0", "'-1'")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
 ]
 

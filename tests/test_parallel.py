@@ -235,10 +235,11 @@ def alive_commands(root: Path) -> list[int]:
 
 
 def test_flow_refuses_max_parallel_below_one_and_targets_matching_nothing_name_close_stages(tmp_path):
-    from pipeline.flows import positive_int, select
+    from pipeline.flows import select
+    from stages.core.console import count_of
 
     with pytest.raises(argparse.ArgumentTypeError, match="expected a whole number of stages >= 1, got '0'"):
-        positive_int("0")
+        count_of("stages")("0")
     order = ["gen@a", "gen@b", "join", "train@gaussian_shortcut-erm-0"]
     with pytest.raises(ValueError) as e:
         select(order, {}, ["trian@gaussian_shortcut-erm-0"])
