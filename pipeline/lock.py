@@ -112,20 +112,27 @@ def run_locked(command: Sequence[str], root: str | os.PathLike[str] = ".", wait:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.lock", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from stages.core.console import ArgumentParser  # a usage error is one line
+
+    parser = ArgumentParser(name="lock", prog="python -m pipeline.lock", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wait", action="store_true", help="queue behind a running shiftlab run instead of failing")
-    parser.add_argument("--root", default=".", help="workspace (default: .)")
+    parser.add_argument("--root", default=".", help="the DVC workspace (default: .)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (use: python -m pipeline.lock [--wait] -- COMMAND ...)")
+    if not (Path(args.root) / ".dvc").is_dir():  # the lock lives in <root>/.dvc/tmp: never make a .dvc/ elsewhere
+        parser.error(f"--root {args.root}: not a DVC workspace (no .dvc/ folder there)")
     try:
         code = run_locked(command, args.root, wait=args.wait)
     except WorkspaceBusy as e:
         _stderr(f"error: {e}")
         return BUSY_EXIT
+    except OSError as e:  # the command could not be started: as a shell says it, and its exit codes
+        print(f"lock: error: {command[0]}: {e.strerror or e}", file=sys.stderr)
+        return 126 if isinstance(e, PermissionError) else 127
     return code if code >= 0 else 128 - code
 
 

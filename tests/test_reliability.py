@@ -103,6 +103,7 @@ def test_second_run_fails_fast_naming_the_first_or_waits_for_it(dvc_project):
 
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
+    (tmp_path / ".dvc").mkdir()
     holder = subprocess.Popen([sys.executable, "-m", "pipeline.lock", "--root", str(tmp_path), "--",
                                sys.executable, "-c", "import time; open('held', 'w'); time.sleep(60)"],
                               cwd=tmp_path, env=_env())
@@ -117,6 +118,23 @@ def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     after = subprocess.run([sys.executable, "-m", "pipeline.lock", "--root", str(tmp_path), "--", "true"],
                            env=_env(), text=True, capture_output=True, timeout=60)
     assert after.returncode == 0, after.stderr
+
+
+def test_lock_of_a_command_that_cannot_start_is_one_line_with_the_shells_exit_codes(tmp_path):
+    """Before: a FileNotFoundError traceback (17 lines), exit 1; and `--root` of a folder that did
+    not exist made it, with a .dvc/ inside (docs/reliability.md, row lock-root-not-a-workspace)."""
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "script.sh").write_text("#!/bin/sh\necho hi\n")  # not executable
+    for command, code, reason in ((["no-such-command-shiftlab"], 127, "No such file or directory"),
+                                  (["./script.sh"], 126, "Permission denied")):
+        proc = subprocess.run([sys.executable, "-m", "pipeline.lock", "--root", str(tmp_path), "--", *command],
+                              env=_env(), text=True, capture_output=True, timeout=60)
+        assert proc.returncode == code, proc.stderr
+        assert proc.stderr == f"lock: error: {command[0]}: {reason}\n"
+    # the lock was released each time: a command that starts runs
+    ok = subprocess.run([sys.executable, "-m", "pipeline.lock", "--root", str(tmp_path), "--", "true"],
+                        env=_env(), text=True, capture_output=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
 
 
 # ---- temp files of interrupted writes -------------------------------------------------------

@@ -1,5 +1,5 @@
 """The one-line command line every shiftlab command shares (the stages, `stages.core.config`,
-`pipeline.flows`, `pipeline.sweep`, `pipeline.inspect`): a usage error is one line.
+`pipeline.flows`, `pipeline.sweep`, `pipeline.inspect`, `pipeline.lock`): a usage error is one line.
 
 It imports nothing of the project, so any layer may use it."""
 
@@ -13,8 +13,8 @@ from typing import NoReturn
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a usage error on one line, exit 2: `<name>: error: <what>; usage: ...`.
 
-    Every command line of the project (the stages, `stages.core.config`, `pipeline.sweep`,
-    `pipeline.inspect`) uses it, so each refusal a user can cause is one line, no traceback.
+    Every command line of the project (the stages, `stages.core.config`, `pipeline.flows`,
+    `pipeline.sweep`, `pipeline.inspect`, `pipeline.lock`) uses it, so each refusal a user can cause is one line, no traceback.
     """
 
     def __init__(self, *args: object, name: str, **kwargs: object) -> None:
