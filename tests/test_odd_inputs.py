@@ -57,6 +57,24 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+def refused_before_prefect(module: str, args: list[str], cwd: Path, limit: float = 60) -> str:
+    """`python -m <module> <args>` in `cwd`: exit 2 with one line on stderr (returned), nothing on
+    stdout, no Prefect server started, within `limit` seconds, every file under `cwd` as it was."""
+    def files() -> dict[str, bytes]:
+        return {p.relative_to(cwd).as_posix(): p.read_bytes() for p in sorted(cwd.rglob("*")) if p.is_file()}
+
+    before = files()
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env(), text=True, capture_output=True, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_line(proc.stderr)
+    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()  # no flow run, no Prefect server
+    assert seconds < limit, f"took {seconds:.0f} s"
+    assert files() == before
+    return line
+
+
 def hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted((root / "data").rglob("*")) if p.is_file()}
@@ -460,20 +478,11 @@ def sweep_project(tmp_path_factory) -> Path:
     (["method.erm.lr=0.1"], ["method.erm.epochs=ten"], ("--override method.erm.epochs=ten: method.erm.epochs:", "'ten'")),
 ], ids=["unknown-key", "empty-list", "bad-value", "bad-override"])
 def test_a_bad_grid_is_one_line_before_any_point_starts(grid, override, names, sweep_project):
-    before = sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*"))
     args = [a for g in grid for a in ("--grid", g)] + [a for o in override for a in ("--override", o)]
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pipeline.sweep", "--name", "odd", *args], cwd=sweep_project, env=env(),
-                          text=True, capture_output=True, timeout=300)
-    seconds = time.monotonic() - t0
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    line = one_line(proc.stderr)
+    line = refused_before_prefect("pipeline.sweep", ["--name", "odd", *args], sweep_project)
     assert line.startswith("sweep: error: ") and line.endswith("; no point was started"), line
     for name in names:
         assert name in line, line
-    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()  # no flow run, no Prefect server
-    assert seconds < 60, f"took {seconds:.0f} s"
-    assert sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*")) == before
 
 
 def closed_port() -> int:
@@ -493,16 +502,9 @@ def test_sweep_workers_and_dask_address_are_one_line_before_prefect_starts(args,
     lines), an address nothing listens on after Dask's 30 s connect timeout (70 lines)."""
     port = closed_port()
     args, expected = [a.format(port=port) for a in args], expected.format(port=port)
-    before = sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*"))
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pipeline.sweep", "--grid", "method.lda.shrinkage=0.1", *args], cwd=sweep_project,
-                          env=env(), text=True, capture_output=True, timeout=300)
-    seconds = time.monotonic() - t0
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    assert one_line(proc.stderr).startswith(expected)
-    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()
-    assert seconds < 20, f"took {seconds:.0f} s"  # not Dask's 30 s connect timeout
-    assert sorted(p.relative_to(sweep_project).as_posix() for p in sweep_project.rglob("*")) == before
+    # within 20 s: not after Dask's 30 s connect timeout
+    line = refused_before_prefect("pipeline.sweep", ["--grid", "method.lda.shrinkage=0.1", *args], sweep_project, limit=20)
+    assert line.startswith(expected), line
 
 
 def test_a_sweep_deployment_run_with_zero_workers_is_refused_not_run_on_one():
@@ -537,20 +539,7 @@ def test_a_flow_override_that_does_not_compose_is_one_line_before_prefect_starts
     shutil.copytree(REPO / "conf", tmp_path / "conf")
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")  # what the flow's preflight looks for first
     (tmp_path / "params.yaml").write_text("the params as they were\n")
-
-    def files() -> dict[str, bytes]:
-        return {p.relative_to(tmp_path).as_posix(): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
-
-    before = files()
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pipeline.flows", *(a for o in override for a in ("--override", o))],
-                          cwd=tmp_path, env=env(), text=True, capture_output=True, timeout=300)
-    seconds = time.monotonic() - t0
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    line = one_line(proc.stderr)
+    line = refused_before_prefect("pipeline.flows", [a for o in override for a in ("--override", o)], tmp_path)
     assert line.startswith("pipeline: error: --override ") and line.endswith("; no stage ran, params.yaml is as it was"), line
     for name in names:
         assert name in line, line
-    assert proc.stdout == "" and "prefect" not in proc.stderr.lower()  # no flow run, no Prefect server
-    assert seconds < 60, f"took {seconds:.0f} s"
-    assert files() == before
