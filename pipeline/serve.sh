@@ -17,6 +17,12 @@ HOST=127.0.0.1                                  # where local commands reach the
 BIND="${SHIFTLAB_PREFECT_HOST:-127.0.0.1}"      # 0.0.0.0 to let workers on other machines in
 PORT="${SHIFTLAB_PREFECT_PORT:-4200}"
 POOL="${SHIFTLAB_WORK_POOL:-shiftlab}"
+# The knobs are checked before anything starts (a bad one would fail after the server is up).
+refuse() { echo "serve: error: $1; nothing was started" >&2; exit 2; }
+whole() { [[ "$2" =~ ^[0-9]{1,9}$ ]] && ((10#$2 >= 1)) || refuse "$1=$2: not a whole number >= 1"; }
+[[ "$PORT" =~ ^[0-9]{1,5}$ ]] && ((10#$PORT >= 1 && 10#$PORT <= 65535)) || refuse "SHIFTLAB_PREFECT_PORT=$PORT: not a TCP port number (1-65535)"
+whole SHIFTLAB_POOL_CONCURRENCY "${SHIFTLAB_POOL_CONCURRENCY:-1}"
+whole SHIFTLAB_SERVE_TIMEOUT "${SHIFTLAB_SERVE_TIMEOUT:-180}"
 export PREFECT_HOME="$ROOT/.prefect"
 export PREFECT_API_URL="http://$HOST:$PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 DVC_NO_ANALYTICS=1 GX_ANALYTICS_ENABLED=false

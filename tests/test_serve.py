@@ -113,3 +113,23 @@ def test_make_serve_gives_the_ui_both_deployments_and_a_run_with_every_stage(pro
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not any(alive(p) for p in pids.values())
     assert not (home / "server.pid").exists() and not (home / "worker.pid").exists()
+
+
+@pytest.mark.parametrize(("knob", "value", "what"), [
+    ("SHIFTLAB_PREFECT_PORT", "abc", "not a TCP port number (1-65535)"),
+    ("SHIFTLAB_PREFECT_PORT", "65536", "not a TCP port number (1-65535)"),
+    ("SHIFTLAB_POOL_CONCURRENCY", "0", "not a whole number >= 1"),
+    ("SHIFTLAB_SERVE_TIMEOUT", "1e3", "not a whole number >= 1"),
+])
+def test_a_bad_serve_knob_is_one_line_before_anything_starts(knob, value, what, tmp_path: Path) -> None:
+    """Before: a port of `abc` started the server, which exited with a 3-line box (7 lines in all);
+    a bad concurrency failed after the server was up. Run from a copy of the script: its root is
+    the copy's, so a check that let the value through could start nothing here."""
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline" / "serve.sh").write_bytes((ROOT / "pipeline" / "serve.sh").read_bytes())
+    env = {k: v for k, v in project_env().items() if not k.startswith("SHIFTLAB_")}
+    proc = subprocess.run(["bash", str(tmp_path / "pipeline" / "serve.sh")], env={**env, knob: value}, text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"serve: error: {knob}={value}: {what}; nothing was started\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline"]  # no .prefect/, no pid files
