@@ -331,6 +331,12 @@ def rewrite_dvc_yaml(path: Path = ROOT / "dvc.yaml", root: Path = ROOT) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from stages.core.console import ArgumentParser  # a usage error is one line
+
+    ArgumentParser(name="dag", prog="python -m stages.dag", description=__doc__,
+                   formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)  # no arguments; --help
     changed = rewrite_dvc_yaml()
     print(f"dag: dvc.yaml {'updated' if changed else 'up to date'}")
     return 0

@@ -103,6 +103,7 @@ CASES = [
     Case("config-unknown-command", "stages.core.config", ("nope",), ("invalid choice: 'nope'", "check", "compose")),
     Case("inspect-rows-not-a-number", "pipeline.inspect", ("data", "--rows", "x"), ("--rows", "'x'")),
     Case("inspect-rows-negative", "pipeline.inspect", ("data", "--rows", "-1"), ("--rows", "rows >= 0", "'-1'")),
+    Case("dag-unknown-option", "stages.dag", ("--bogus",), ("unrecognized arguments: --bogus",)),
     Case("lock-root-not-a-workspace", "pipeline.lock", ("--root", "nowhere", "--", "true"), ("--root nowhere", "not a DVC workspace")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
 ]
