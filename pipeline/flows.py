@@ -207,6 +207,17 @@ def tool_env() -> dict[str, str]:
     return env
 
 
+def interpreter_first_on_path() -> None:
+    """Put this interpreter's folder first on this process's PATH. DVC gives each stage command
+    this process's environment, and the stages' `python` must be this interpreter (the project's
+    venv): `make repro` exports it so, and `.venv/bin/python -m pipeline.flows` from a shell whose
+    PATH finds another Python (pyenv's shims, the system's) now gets the same."""
+    bindir = str(Path(sys.executable).parent)
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    if parts[:1] != [bindir]:
+        os.environ["PATH"] = os.pathsep.join([bindir, *(p for p in parts if p != bindir)])
+
+
 def run_command(cmd: Sequence[str], root: str, what: str) -> str:
     """Run `cmd` in `root`; its output, or StageFailed with the output's tail."""
     proc = subprocess.run(list(cmd), cwd=root, text=True, capture_output=True, env=tool_env())
@@ -425,6 +436,7 @@ def _pipeline(
 
     logger = get_run_logger()
     root = str(Path(root).resolve())
+    interpreter_first_on_path()  # before DVC builds the stages' environment from ours
     if overrides:
         set_params(root, list(overrides))
     with DvcWorkspace(root) as workspace, StagePool(root, tool_env()) as pool:

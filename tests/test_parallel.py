@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import project_env
+from tests.support import flow_env, project_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect")]
 
@@ -269,3 +269,23 @@ def test_flow_command_line_refuses_in_one_line_before_prefect_starts(tmp_path):
     assert proc.returncode == BUSY_EXIT
     [line] = proc.stderr.strip().splitlines()
     assert "another shiftlab run is using" in line and "the first run" in line
+
+
+def test_the_flow_started_by_the_venvs_python_runs_its_stages_with_it_whatever_python_path_finds(tmp_path, prefect_home):
+    """`.venv/bin/python -m pipeline.flows` from a shell whose PATH finds another `python` first
+    (pyenv's shims, the system's): the stage commands DVC hands over (`python -m work`, `python
+    join.py`) run with the flow's interpreter, as under `make repro`. Before, every stage ran the
+    other Python and failed (in this project: shiftlab's guard, "lacks the project's packages")."""
+    root = make_project(tmp_path / "p")
+    other = tmp_path / "other-bin"
+    other.mkdir()
+    (other / "python").write_text("#!/bin/sh\necho 'the wrong python' >&2\nexit 3\n")
+    (other / "python").chmod(0o755)
+    env = {**flow_env(prefect_home), "TIMES": str(root / "times"), "SLEEP": "0", "PYTHONPATH": str(ROOT)}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([str(other), *(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)])
+    proc = subprocess.run([sys.executable, "-m", "pipeline.flows", "--root", str(root)], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the wrong python" not in proc.stdout + proc.stderr
+    assert (root / "out" / "all.txt").read_text() == "".join(f"{x * 3} gen@{x}" for x in "abcd")
