@@ -195,11 +195,17 @@ def dvc_bin() -> str:
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
+def interpreter_first(path: str) -> str:
+    """`path` (a PATH value) with this interpreter's folder first, and only there."""
+    bindir = str(Path(sys.executable).parent)
+    return os.pathsep.join([bindir, *(p for p in path.split(os.pathsep) if p and p != bindir)])
+
+
 def tool_env() -> dict[str, str]:
     """The environment for DVC and stage commands: the venv's `python` first, no telemetry,
     glibc's malloc keeping large blocks (MALLOC_ENV)."""
     env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = interpreter_first(env.get("PATH", ""))
     env.setdefault("DVC_NO_ANALYTICS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     for key, value in MALLOC_ENV.items():
@@ -212,10 +218,7 @@ def interpreter_first_on_path() -> None:
     this process's environment, and the stages' `python` must be this interpreter (the project's
     venv): `make repro` exports it so, and `.venv/bin/python -m pipeline.flows` from a shell whose
     PATH finds another Python (pyenv's shims, the system's) now gets the same."""
-    bindir = str(Path(sys.executable).parent)
-    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
-    if parts[:1] != [bindir]:
-        os.environ["PATH"] = os.pathsep.join([bindir, *(p for p in parts if p != bindir)])
+    os.environ["PATH"] = interpreter_first(os.environ.get("PATH", ""))
 
 
 def run_command(cmd: Sequence[str], root: str, what: str) -> str:

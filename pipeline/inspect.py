@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=count_of("rows", least=0), default=5, help="first rows to show (default 5)")
     args = parser.parse_args(argv)
     try:
-        info = inspect(args.path, max(0, min(args.rows, 100)))
+        info = inspect(args.path, min(args.rows, 100))
     except InspectError as e:
         print(f"inspect: error: {printable(str(e).splitlines()[0][:MAX_TEXT * 2] if str(e) else type(e).__name__)}", file=sys.stderr)
         return 2
