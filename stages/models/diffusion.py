@@ -35,20 +35,25 @@ class DiffusionConfig(GenerativeFitConfig):
     prune_keep: int = option("adaptive pruning: classes kept after the first prune_draws draws (0 = off)")
     prune_draws: int = option("draws that score every class before pruning")
     stop_se: float = option(
-        "sequential elimination (per example): drop a class once its paired mean error difference to the "
-        "leader clears the one-sided level Phi(-stop_se) of `stop_test`; stop when one class is left or at `draws` (0 = off; "
+        "sequential elimination (per example): drop a class once `stop_test` settles, at the one-sided level "
+        "Phi(-stop_se), that its total error difference to the leader over all `draws` is above 0 (full scoring's "
+        "decision); stop when one class is left or at `draws` (0 = off; "
         "prune_keep > 0 takes its place; draws <= stop_first scores every class on every draw)"
     )
     stop_first: int = option("sequential elimination: draws every class gets before the first test (>= 2)")
     stop_every: int = option("sequential elimination: draws per round after the first test")
     stop_test: str = option(
-        "sequential elimination's test: t_pooled (sd pooled over the classes still in, Student-t quantile of "
-        "the one-sided level Phi(-stop_se) at the pooled degrees of freedom) | t (each class's own sd, t quantile) | "
-        "z (each class's own sd, stop_se itself: the rule before t_pooled; too eager after few draws)"
+        "sequential elimination's test: profile (predicts full scoring's total difference from the draws seen, with "
+        "the differences' profile over t and an empirical-Bayes variance prior fitted on val without labels; "
+        "Student-t quantile of the one-sided level Phi(-stop_se)) | t_pooled (sd pooled over the classes still in, "
+        "t quantile at the pooled degrees of freedom; the rule before profile) | t (each class's own sd, t quantile) | "
+        "z (each class's own sd, stop_se itself: the first rule; too eager after few draws)"
     )
     draw_order: str = option(
-        "sequential elimination: the order it takes the draws in: strata (as drawn, spread over t) | informative "
-        "(the timestep strata that separate the classes best on val first: stages/models/draw_order.py)"
+        "sequential elimination: the order it takes the draws in: strata (as drawn, spread over t) | profile "
+        "(half by half, each half's strata with the largest val difference profile first; no labels) | informative "
+        "(the strata that separate the classes best on labelled val first; fails under shift: "
+        "stages/models/draw_order.py)"
     )
     score_seed: int = option("seed of the scoring draws (scores depend only on it, the model and x)")
     score_rows: int = option("denoiser rows per scoring forward pass (memory; fixes the draw chunks)")
@@ -78,7 +83,7 @@ class DiffusionConfig(GenerativeFitConfig):
             c.require(self.stop_first >= 2, "stop_first", f"must be >= 2 when stop_se > 0 (a standard error needs 2 draws), got {self.stop_first}")
             c.require(self.stop_every >= 1, "stop_every", f"must be >= 1, got {self.stop_every}")
             c.choice(self.stop_test, "stop_test", list(STOP_TESTS))
-        c.choice(self.draw_order, "draw_order", ["strata", "informative"])
+        c.choice(self.draw_order, "draw_order", list(DRAW_ORDERS))
         c.require(self.score_rows >= 1, "score_rows", f"must be >= 1, got {self.score_rows}")
 
     def check_data(self, key: str, n_classes: int, shape: list[int] | None = None) -> None:
@@ -100,7 +105,10 @@ SCHEDULES = ("linear", "cosine")
 
 
 WEIGHTINGS = ("simple", "elbo")
-STOP_TESTS = ("t_pooled", "t", "z")  # sequential elimination's test (DiffusionClassifier.stop_threshold)
+STOP_TESTS = ("profile", "t_pooled", "t", "z")  # sequential elimination's test (DiffusionClassifier.stop_threshold, profile_settled)
+
+
+DRAW_ORDERS = ("strata", "profile", "informative")  # the order sequential elimination takes the draws in (draw_order.py)
 
 
 DENOISERS = ("auto", "mlp", "conv", "unet")

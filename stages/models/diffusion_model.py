@@ -49,32 +49,44 @@ Sequential elimination (`stop_se` k > 0; `prune_keep` > 0 takes its place), per 
 class is scored on the first `stop_first` draws, then rounds of `stop_every` more draws go to
 the classes still in. After each round, with d_s(y) = v_s(y) − v_s(ℓ) the paired per-draw
 differences to the leader ℓ (lowest mean over the draws so far; v_s = e_s, or T·w(t_s)·e_s
-with `elbo`) over the m draws so far, a class y ≠ ℓ is dropped once
+with `elbo`) over the m draws so far, a class y ≠ ℓ is dropped once the test settles that its
+total difference over all S draws, D(y) = Σ_s d_s(y), is above 0 — what full scoring decides,
+which adaptive scoring must agree with — at the one-sided level Φ(−k). Shared draws make the
+paired differences far less variable than either error. `stop_test` is the test:
 
-    mean_s d_s(y) > q · sd · √((1 − m/S) / m)
+- `profile` (the default; `profile_settled`): the differences carry a known shape over the
+  timestep strata — some strata separate classes far better than others — so d_s(y) is
+  modelled as r(y)·a_s + noise, with a_s the profile of the differences to full scoring's
+  prediction on val (fitted without labels at the end of training and stored with the model,
+  draw_order.difference_profile). D is predicted as Σ_seen d + r̂·Σ_unseen a, with the
+  prediction's variance from the residuals (a model-based finite-population estimate: no
+  sampling of the draws is assumed), the residual variance moderated by an empirical-Bayes
+  prior fitted on the same val examples (Smyth 2004's limma, `stop_prior`), and the Student-t
+  quantile at the moderated degrees of freedom. The profile takes out the between-strata
+  spread that makes a plain standard error large; the prior steadies the variance after 2 or
+  3 draws.
+- `t_pooled` (the default before `profile`): mean_s d_s(y) > q · sd · √((1 − m/S) / m) — the
+  mean difference against the standard error of the mean over all S draws given these m (a
+  finite-population correction), sd pooled over the example's rivals still in, q the t
+  quantile at the pooled rivals·(m − 1) degrees of freedom; `t` keeps each class's own sd with
+  m − 1 degrees of freedom; `z` (the first rule, what a stored model without the key uses)
+  takes q = k with the class's own sd — after 2 or 3 draws that sd is too uncertain for a
+  normal quantile: on one of the default run's 2-class models `z` (k 3, 3 draws) agreed with
+  full scoring on 98.3 % of the shifted test_ood rows.
 
-— its mean error exceeds the leader's by q standard errors of the mean over all S draws given
-these m (a finite-population correction: what the test settles is full scoring's decision,
-which adaptive scoring must agree with). Shared draws make the paired differences far less
-variable than either error. `stop_test` sets sd and q (`stop_threshold`): `t_pooled` (the
-default) pools the variance of the differences over the example's rivals still in (every class
-but the leader) and takes q as the Student-t quantile of the one-sided level Φ(−k) at the pooled
-rivals·(m − 1) degrees of freedom; `t` keeps each class's own sd with m − 1 degrees of freedom;
-`z` (the rule before the key, what a stored model without it uses) takes q = k with the class's
-own sd — after 2 or 3 draws that sd is too uncertain for a normal quantile: on one of the
-default run's 2-class models `z` (k 3, 3 draws) agreed with full scoring on 98.3 % of the
-shifted test_ood rows, `t_pooled` (k 2.5, 2 draws) on 99.2 % (README, "Scoring at a fraction of
-the cost"; `python -m benchmarks.bench_scoring --quick`). An example stops when one class is left, or at S draws. Classes
-never dropped get exactly their full-scoring scores; a dropped class keeps its score over the
-draws it had, capped below every class left, so the prediction is always a class left.
-Network evaluations are counted per (example, class, draw) actually run (`score`'s third
-value). This is a sequential test in the spirit of Li et al.'s `eval_prob_adaptive` rounds
-(which keep a fixed top-k per round, as `prune_keep` does): a per-example, per-class stop
-instead of fixed keep counts; only the stored `draws` scoring uses it, `select_draws` scoring
-during training scores every class. With `draw_perm` (`draw_order: informative`,
-stages/models/draw_order.py) the sequential test takes the same S draws in another order, the
-timestep strata that separate classes best on val first; the draws, and so full scoring's
-decision, are unchanged.
+An example stops when one class is left, or at S draws. Classes never dropped get exactly their
+full-scoring scores; a dropped class keeps its score over the draws it had, capped below every
+class left, so the prediction is always a class left. Network evaluations are counted per
+(example, class, draw) actually run (`score`'s third value). This is a sequential test in the
+spirit of Li et al.'s `eval_prob_adaptive` rounds (which keep a fixed top-k per round, as
+`prune_keep` does): a per-example, per-class stop instead of fixed keep counts; only the stored
+`draws` scoring uses it, `select_draws` scoring during training scores every class. With
+`draw_perm` the test takes the same S draws in another order; the draws, and so full scoring's
+decision, are unchanged: `draw_order: profile` (the default) takes the first half of the draws
+(spread over all of t) and then the second, each with its largest profile values first;
+`informative` ranks them with val's labels (stages/models/draw_order.py). Measured on the
+default run's models and 10-class digits, at 3 seeds each: README, "Scoring at a fraction of
+the cost" (`python -m benchmarks.bench_scoring`).
 
 `log_likelihood(x)` = log Σ_y exp(ELBO(x, y) + log π_y): the ELBO-weighted estimate of the
 same draws plus the prior and decoder constants, in raw (unstandardised) units — a
@@ -106,7 +118,12 @@ from stages.models.diffusion import (
     WEIGHTINGS,
     check_unet,
 )
-from stages.models.draw_order import draw_noise, informative_order
+from stages.models.draw_order import (
+    difference_profile,
+    draw_noise,
+    informative_order,
+    profile_order,
+)
 from stages.models.generative import LOG_2PI, log_priors, logsumexp_np
 from stages.models.nets import Standardize
 
@@ -312,6 +329,8 @@ class DiffusionClassifier(nn.Module):
         stop_every: int = 1,
         draw_perm: list[int] | None = None,
         stop_test: str = "z",
+        stop_profile: list[float] | None = None,
+        stop_prior: list[float] | None = None,
     ) -> None:
         super().__init__()
         self.in_dim, self.n_classes = int(in_dim), int(n_classes)
@@ -336,10 +355,19 @@ class DiffusionClassifier(nn.Module):
             raise ValueError(f"stop_test must be one of {list(STOP_TESTS)}, got '{stop_test}'")
         self.stop_test = stop_test
         self._t_quantiles: np.ndarray | None = None
+        self._profile_q: dict[float, float] = {}
         self.score_seed, self.score_rows = int(score_seed), int(score_rows)
         self.draw_perm = [int(j) for j in draw_perm] if draw_perm is not None else None
         if self.draw_perm is not None and sorted(self.draw_perm) != list(range(self.draws)):
             raise ValueError(f"draw_perm must be a permutation of 0..{self.draws - 1}, got {self.draw_perm}")
+        # stop_test profile: the difference profile over the draw positions and the variance prior
+        # [s0², ν0], fitted on val at the end of training (draw_order.difference_profile).
+        self.stop_profile = [float(a) for a in stop_profile] if stop_profile is not None else None
+        self.stop_prior = [float(p) for p in stop_prior] if stop_prior is not None else None
+        if self.stop_profile is not None and (len(self.stop_profile) != self.draws or not all(map(math.isfinite, self.stop_profile))):
+            raise ValueError(f"stop_profile must hold {self.draws} finite numbers (one per draw), got {self.stop_profile}")
+        if self.stop_prior is not None and (len(self.stop_prior) != 2 or not all(p > 0 and math.isfinite(p) for p in self.stop_prior)):
+            raise ValueError(f"stop_prior must be [s0^2, nu0], two positive numbers, got {self.stop_prior}")
         self.standardize = Standardize(self.in_dim)
         # The mlp and conv nets always have the null class's row; the UNet only when trained
         # with class dropout, so a class-conditional diffusers UNet of K classes loads as is.
@@ -401,6 +429,8 @@ class DiffusionClassifier(nn.Module):
                 out["stop_test"] = self.stop_test
         if self.draw_perm is not None:
             out["draw_perm"] = self.draw_perm
+        if self.stop_profile is not None:
+            out.update(stop_profile=self.stop_profile, stop_prior=self.stop_prior)
         if self.denoiser_kind == "unet":  # (the mlp and conv arch stays as it was: same bytes on disk)
             del out["width"], out["depth"]
             out.update(network=UNET_NETWORK, **self.unet, null_class=self.null_class)
@@ -509,7 +539,7 @@ class DiffusionClassifier(nn.Module):
         for `simple` (not on the scale of log π_y; see the module docstring). float64 (K,)."""
         return self.log_priors if self.weighting == "elbo" else torch.zeros_like(self.log_priors)
 
-    def score_draws(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def score_draws(self, z: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, full: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(logits float32 (n, K), ELBO score float64 (n, K), network rows) of one chunk of examples.
 
         logits = score + `score_prior()`; with `prune_keep`, pruned classes keep their coarse
@@ -518,7 +548,7 @@ class DiffusionClassifier(nn.Module):
         n, k, s = len(z), self.n_classes, t.shape[1]
         every = torch.arange(k, device=z.device).expand(n, k)
         prior = self.score_prior()
-        if self.stop_se and not self.prune_keep and s == self.draws and s > self.stop_first:  # not select_draws scoring
+        if self.stop_se and not self.prune_keep and not full and s == self.draws and s > self.stop_first:
             return self.score_sequential(z, t, eps)
         if not self.prune_keep or self.prune_keep >= k or s <= self.prune_draws:
             err = self.errors(z, t, eps, every)
@@ -540,9 +570,16 @@ class DiffusionClassifier(nn.Module):
         """`score_draws` with sequential elimination (`stop_se` k > 0; the module docstring)."""
         n, k, s, d = len(z), self.n_classes, t.shape[1], z.shape[1]
         device = z.device
-        if self.draw_perm is not None:  # `draw_order: informative`: the most telling draws first
+        profile = None
+        if self.stop_test == "profile":
+            if self.stop_profile is None or self.stop_prior is None:
+                raise ValueError("stop_test 'profile' needs the model's stop_profile and stop_prior "
+                                 "(fitted on val at the end of training: draw_order.difference_profile)")
+            profile = torch.tensor(self.stop_profile, dtype=torch.float64, device=device)
+        if self.draw_perm is not None:  # `draw_order` informative or profile: the most telling draws first
             perm = torch.tensor(self.draw_perm, device=device)
             t, eps = t[:, perm], eps[:, perm]
+            profile = profile[perm] if profile is not None else None
         w = self.steps * self.elbo_w[t] if self.weighting == "elbo" else torch.ones_like(t, dtype=torch.float64)
         err = torch.zeros(n, k, s, dtype=torch.float32, device=device)
         used = torch.zeros(n, k, dtype=torch.long, device=device)  # draws each (example, class) has been scored on
@@ -570,9 +607,11 @@ class DiffusionClassifier(nn.Module):
             # Standard error of the mean over all S draws given these hi of them (finite-population
             # correction): the test settles full scoring's decision, which is what it must agree with.
             rival = live & (classes != leader[:, None])
-            sd, q = self.stop_threshold(diff.std(-1), rival, hi)
-            bound = q * sd * math.sqrt((1 - hi / s) / hi)
-            drop = rival & (diff.mean(-1) > bound)
+            if profile is not None:
+                drop = rival & self.profile_settled(diff, profile)
+            else:
+                sd, q = self.stop_threshold(diff.std(-1), rival, hi)
+                drop = rival & (diff.mean(-1) > q * sd * math.sqrt((1 - hi / s) / hi))
             alive &= ~drop
             lo = hi
         mask = torch.arange(s, device=device) < used.unsqueeze(-1)  # (n, k, s): the draws each class used
@@ -586,6 +625,36 @@ class DiffusionClassifier(nn.Module):
         cap = torch.nextafter(left, torch.tensor(-math.inf, device=device))
         logits = torch.where(alive, logits, torch.minimum(logits, cap[:, None]))
         return logits, elbo, rows
+
+    def profile_settled(self, diff: torch.Tensor, profile: torch.Tensor) -> torch.Tensor:
+        """`stop_test: profile` after m of the S draws: is each class's full-scoring total difference
+        to the leader, D = Σ_s d_s over all S draws, above 0 at the one-sided level Φ(−stop_se)?
+        `diff` (n, K, m): the paired differences seen; `profile` (S,): a_s in the order the draws
+        are taken. The model d_s = r·a_s + e_s, e_s with variance σ²: r̂ = Σ d a / Σ a² over the m
+        seen; the prediction of D is Σ_seen d + r̂·A, A = Σ_unseen a_s, with variance
+        σ²·((S − m) + A² / Σ_seen a²) (the unseen noise plus r̂'s error). σ² is the empirical-Bayes
+        moderated variance (ν0·s0² + (m − 1)·s²) / (ν0 + m − 1), s² the residual variance of the
+        fit, and the quantile is Student-t's at ν0 + m − 1 degrees of freedom (`stop_prior`; Smyth
+        2004). At m = S, A = 0 and the test is D > 0: full scoring's own decision."""
+        m, s = diff.shape[-1], len(profile)
+        seen, unseen = profile[:m], float(profile[m:].sum())
+        saa = float(seen.square().sum())
+        r = (diff * seen).sum(-1) / saa
+        total = diff.sum(-1) + r * unseen
+        s2 = (diff - r.unsqueeze(-1) * seen).square_().sum(-1) / max(m - 1, 1)
+        s0, nu0 = self.stop_prior  # type: ignore[misc]
+        s2 = (nu0 * s0 + (m - 1) * s2) / (nu0 + m - 1)
+        se = (s2 * ((s - m) + unseen**2 / saa)).sqrt_()
+        return total > self.profile_quantile(nu0 + m - 1) * se
+
+    def profile_quantile(self, dof: float) -> float:
+        """The Student-t quantile of the one-sided level Φ(−stop_se) at `dof` degrees of freedom."""
+        if dof not in self._profile_q:
+            from scipy.stats import norm
+            from scipy.stats import t as student_t
+
+            self._profile_q[dof] = float(student_t.ppf(norm.cdf(self.stop_se), dof))
+        return self._profile_q[dof]
 
     def stop_threshold(self, sd: torch.Tensor, rival: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor | float]:
         """(sd, multiplier) of sequential elimination's test after m draws, per `stop_test`, from
@@ -613,10 +682,14 @@ class DiffusionClassifier(nn.Module):
         return sd, q
 
     @torch.no_grad()
-    def score(self, x: np.ndarray | torch.Tensor, draws: int | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    def score(
+        self, x: np.ndarray | torch.Tensor, draws: int | None = None, seed: int | None = None, full: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, int]:
         """(logits float32 (n, K), log-likelihood float64 (n,), network rows evaluated) of raw inputs.
 
-        `draws`/`seed` override the stored `draws`/`score_seed` (selection during training).
+        `draws`/`seed` override the stored `draws`/`score_seed` (selection during training);
+        `full` scores every class on every draw whatever the sequential keys (selection during
+        training, before `fit_scoring` has fitted what `stop_test: profile` needs).
         """
         x = x.float() if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x, dtype=np.float32))
         s = int(draws or self.draws)
@@ -635,7 +708,7 @@ class DiffusionClassifier(nn.Module):
             for i in range(0, len(x), chunk):
                 z = self.standardize(x[i : i + chunk].to(device))
                 t, eps = draw_noise(len(z), s, self.in_dim, self.steps, generator)
-                scores, elbo, r = self.score_draws(z, t.to(device), eps.to(device))
+                scores, elbo, r = self.score_draws(z, t.to(device), eps.to(device), full)
                 rows += r
                 logits[i : i + len(z)] = scores.cpu().numpy()
                 loglik[i : i + len(z)] = self.elbo_loglik(z, elbo)
@@ -765,14 +838,29 @@ def train_diffusion(
         return model.loss(batch, generator, cfg.class_dropout)
 
     def scorer(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(model.score(x, draws=cfg.select_draws)[0])
+        return torch.from_numpy(model.score(x, draws=cfg.select_draws, full=True)[0])
 
     opts = GenerativeFitOptions.from_config(cfg)
     result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint,
                             val_objective=lambda s: model.denoising_loss(s.x, s.y))
-    if getattr(cfg, "draw_order", "strata") == "informative":
-        model.draw_perm = informative_order(model, splits["val"].x, splits["val"].y)
+    fit_scoring(model, cfg, splits["val"])
     return model, result
+
+
+def fit_scoring(model: DiffusionClassifier, cfg: Any, val: Any) -> None:
+    """What sequential elimination stores with a trained model, fitted on the `val` split
+    (stages/models/draw_order.py): `stop_test: profile`'s difference profile and variance prior,
+    without labels; the draw order of `draw_order` profile (from that profile) or informative
+    (ranked with val's labels)."""
+    order = getattr(cfg, "draw_order", "strata")
+    if model.stop_se and (model.stop_test == "profile" or order == "profile"):
+        if len(val.x) == 0:
+            raise ValueError("stop_test / draw_order profile: no val examples to fit the difference profile on (empty val split)")
+        model.stop_profile, model.stop_prior = difference_profile(model, val.x)
+    if order == "profile" and model.stop_profile is not None:
+        model.draw_perm = profile_order(model.stop_profile)
+    elif order == "informative":
+        model.draw_perm = informative_order(model, val.x, val.y)
 
 
 def train(job: Any) -> Any:
