@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -280,3 +282,17 @@ def test_informative_order_ranks_the_draws_on_labelled_data_deterministically(tr
     assert ordered_rows < 0.6 * drawn_rows < 0.6 * full_rows
     with pytest.raises(ConfigError, match=r"method\.diffusion\.draw_order"):
         defaults("method", "diffusion", draw_order="sorted")
+
+
+def test_a_val_split_too_small_to_fit_the_profile_test_is_refused_by_name():
+    """One val example of a 2-class model is one (example, class) pair: the profile fitted on it is
+    that pair, which leaves no residual to fit a variance prior from, and training says so, with
+    the way out, rather than scoring some other way."""
+    with pytest.raises(ValueError, match=r"stop_test profile: fitting its variance prior needs 2 .* gives 0 \(1 examples\)"):
+        difference_profile(tiny(k=2), X[:1])
+    with pytest.raises(ValueError, match="needs val examples, 2 classes and 2 draws, got 0 examples"):
+        difference_profile(tiny(k=2), X[:0])
+    # Training names the config section: a ConfigError, one line at the stage.
+    model = same_weights(tiny(k=2), stop_se=2.75, stop_test="profile")
+    with pytest.raises(ConfigError, match=r"params\.yaml: method\.diffusion: stop_test profile: fitting its variance prior"):
+        fit_scoring(model, defaults("method", "diffusion"), types.SimpleNamespace(x=X[:1], y=np.zeros(1, dtype=np.int64)))

@@ -109,7 +109,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stages.core.registry import register_model
-from stages.core.schema import Checks
+from stages.core.schema import Checks, ConfigError
 from stages.models.diffusion import (
     IMAGE_DENOISERS,
     SCHEDULES,
@@ -843,20 +843,21 @@ def train_diffusion(
     opts = GenerativeFitOptions.from_config(cfg)
     result = fit_generative(model, splits, batch_loss, scorer, opts, generator, desc, checkpoint=checkpoint,
                             val_objective=lambda s: model.denoising_loss(s.x, s.y))
-    fit_scoring(model, cfg, splits["val"])
+    fit_scoring(model, cfg, splits["val"], key)
     return model, result
 
 
-def fit_scoring(model: DiffusionClassifier, cfg: Any, val: Any) -> None:
+def fit_scoring(model: DiffusionClassifier, cfg: Any, val: Any, key: str = "method.diffusion") -> None:
     """What sequential elimination stores with a trained model, fitted on the `val` split
     (stages/models/draw_order.py): `stop_test: profile`'s difference profile and variance prior,
     without labels; the draw order of `draw_order` profile (from that profile) or informative
-    (ranked with val's labels)."""
+    (ranked with val's labels). A val split it cannot fit on is a ConfigError naming `key`."""
     order = getattr(cfg, "draw_order", "strata")
     if model.stop_se and (model.stop_test == "profile" or order == "profile"):
-        if len(val.x) == 0:
-            raise ValueError("stop_test / draw_order profile: no val examples to fit the difference profile on (empty val split)")
-        model.stop_profile, model.stop_prior = difference_profile(model, val.x)
+        try:
+            model.stop_profile, model.stop_prior = difference_profile(model, val.x)
+        except ValueError as e:
+            raise ConfigError(f"params.yaml: {key}: {e}") from None
     if order == "profile" and model.stop_profile is not None:
         model.draw_perm = profile_order(model.stop_profile)
     elif order == "informative":

@@ -141,7 +141,8 @@ def difference_profile(model: Any, x: np.ndarray, limit: int = 512) -> tuple[lis
     v = draw_values(model, x, limit)
     n, k, s = v.shape
     if n == 0 or k < 2 or s < 2:
-        raise ValueError(f"stop_test profile: needs examples, 2 classes and 2 draws to fit on, got {n}, {k}, {s}")
+        raise ValueError(f"stop_test profile: fitting the difference profile needs val examples, 2 classes and 2 draws, "
+                         f"got {n} examples, {k} classes, {s} draws")
     rows = np.arange(n)
     pred = v.mean(-1).argmin(1)
     other = np.ones((n, k), dtype=bool)
@@ -155,12 +156,14 @@ def difference_profile(model: Any, x: np.ndarray, limit: int = 512) -> tuple[lis
     s2 = np.square(d - r[:, None] * a).sum(1) / (s - 1)
     s2 = s2[s2 > 0]
     if len(s2) < 2:
-        raise ValueError("stop_test profile: the differences on the fitting examples do not vary")
+        raise ValueError(f"stop_test profile: fitting its variance prior needs 2 (example, class) pairs whose differences "
+                         f"vary over the draws, the val split gives {len(s2)} ({n} examples); use a larger val split "
+                         "or stop_test t_pooled")
     dof = s - 1
     e = np.log(s2) - digamma(dof / 2) + np.log(dof / 2)
     spread = e.var(ddof=1) - float(polygamma(1, dof / 2))
-    nu0 = 2 * brentq(lambda h: float(polygamma(1, h)) - spread, 1e-8, 1e7) if spread > 1e-12 else math.inf
-    nu0 = min(nu0, PRIOR_DOF_CAP)
+    top = PRIOR_DOF_CAP / 2  # trigamma(ν0 / 2) = spread, solved for ν0 up to the cap
+    nu0 = 2 * brentq(lambda h: float(polygamma(1, h)) - spread, 1e-8, top) if spread > float(polygamma(1, top)) else PRIOR_DOF_CAP
     s0 = math.exp(e.mean() + digamma(nu0 / 2) - math.log(nu0 / 2)) if nu0 < PRIOR_DOF_CAP else math.exp(e.mean())
     return [significant(float(x)) for x in a], [significant(s0), significant(nu0)]
 
