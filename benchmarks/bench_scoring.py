@@ -98,7 +98,8 @@ def with_scoring(model: Any, val: Any, **keys: Any) -> Any:
     """The same weights under other scoring keys (prune_keep 0: full or sequential), with what
     sequential elimination stores (profile, prior, draw order) fitted afresh on `val` for them,
     as training does (`draw_order` among the keys)."""
-    from stages.models.diffusion_model import DiffusionClassifier, fit_scoring
+    from stages.models.diffusion_model import DiffusionClassifier
+    from stages.models.elimination import fit_scoring
 
     order = keys.pop("draw_order", "strata")
     fresh = {"prune_keep": 0, "draw_perm": None, "stop_profile": None, "stop_prior": None}

@@ -11,8 +11,9 @@ import torch
 
 from stages.core.artifacts import Prepared
 from stages.core.config import ConfigError, defaults
-from stages.models.diffusion_model import DiffusionClassifier, fit_scoring, train_diffusion
+from stages.models.diffusion_model import DiffusionClassifier, train_diffusion
 from stages.models.draw_order import difference_profile, draw_noise, profile_order
+from stages.models.elimination import fit_scoring
 from stages.models.training import split_data
 from tests.test_generative import accuracy, blobs, diffusion_cfg
 
