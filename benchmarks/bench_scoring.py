@@ -105,7 +105,7 @@ def with_scoring(model: Any, val: Any, **keys: Any) -> Any:
     fresh = {"prune_keep": 0, "draw_perm": None, "stop_profile": None, "stop_prior": None}
     other = DiffusionClassifier.from_arch({**model.arch(), **fresh, **keys})
     other.load_state_dict(model.state_dict())
-    fit_scoring(other, types.SimpleNamespace(draw_order=order), val)
+    fit_scoring(other, types.SimpleNamespace(draw_order=order), val, "method.diffusion")
     return other.eval()
 
 

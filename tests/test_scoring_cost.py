@@ -162,7 +162,7 @@ def scoring(model: DiffusionClassifier, prepared: Prepared, **keys) -> Diffusion
     cfg = defaults("method", "diffusion", **keys)
     stop = {k: getattr(cfg, k) for k in ("stop_se", "stop_first", "stop_every", "stop_test")}
     fast = same_weights(model, draw_perm=None, stop_profile=None, stop_prior=None, **stop)
-    fit_scoring(fast, cfg, split_data(prepared)["val"])
+    fit_scoring(fast, cfg, split_data(prepared)["val"], "method.diffusion")
     return fast
 
 
@@ -296,4 +296,5 @@ def test_a_val_split_too_small_to_fit_the_profile_test_is_refused_by_name():
     # Training names the config section: a ConfigError, one line at the stage.
     model = same_weights(tiny(k=2), stop_se=2.75, stop_test="profile")
     with pytest.raises(ConfigError, match=r"params\.yaml: method\.diffusion: stop_test profile: fitting its variance prior"):
-        fit_scoring(model, defaults("method", "diffusion"), types.SimpleNamespace(x=X[:1], y=np.zeros(1, dtype=np.int64)))
+        fit_scoring(model, defaults("method", "diffusion"), types.SimpleNamespace(x=X[:1], y=np.zeros(1, dtype=np.int64)),
+                    "method.diffusion")

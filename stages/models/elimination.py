@@ -1,4 +1,4 @@
-"""Sequential elimination of classes per example: how a diffusion classifier (stages/models/diffusion_model.py) scores at a fraction of full scoring's network evaluations.
+"""Sequential elimination of classes per example: how a class-conditional denoising classifier (stages/models/diffusion_model.py) scores at a fraction of full scoring's network evaluations.
 
 With `stop_se` k > 0 (`prune_keep` > 0 takes its place), per example: every
 class is scored on the first `stop_first` draws, then rounds of `stop_every` more draws go to
@@ -197,7 +197,7 @@ class SequentialElimination:
         return sd, q
 
 
-def fit_scoring(model: SequentialElimination, cfg: Any, val: Any, key: str = "method.diffusion") -> None:
+def fit_scoring(model: SequentialElimination, cfg: Any, val: Any, key: str) -> None:
     """What sequential elimination stores with a trained model, fitted on the `val` split
     (stages/models/draw_order.py): `stop_test: profile`'s difference profile and variance prior,
     without labels; the draw order of `draw_order` profile (from that profile) or informative
