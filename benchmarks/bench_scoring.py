@@ -160,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key in ("stop_se", "stop_first", "stop_every", "stop_test", "draw_order")}
     if stop["stop_se"] <= 0:
         parser.error("--stop-se must be > 0 (sequential elimination on)")
+    from stages.core.artifacts import model_dir, prepared_path
+
+    missing = [str(p) for d in ("colored_digits", "gaussian_shortcut") for p in (prepared_path(d), model_dir(d, "diffusion", 0))
+               if not p.exists()]
+    if missing:
+        parser.error(f"the default run's outputs are missing ({', '.join(missing)}): run `make repro` first")
     repeats = 1 if args.quick else 3
     setup_torch(0)
     t0 = time.perf_counter()
