@@ -119,8 +119,8 @@ class SequentialElimination:
             mean = v.mean(-1).masked_fill(~alive, math.inf)
             leader = mean.argmin(1)
             diff = v - v[torch.arange(n, device=device), leader].unsqueeze(1)
-            # Standard error of the mean over all S draws given these hi of them (finite-population
-            # correction): the test settles full scoring's decision, which is what it must agree with.
+            # The test settles full scoring's decision (the total over all S draws), which is what
+            # adaptive scoring must agree with.
             rival = live & (classes != leader[:, None])
             if profile is not None:
                 drop = rival & self.profile_settled(diff, profile)
