@@ -298,3 +298,45 @@ def test_a_val_split_too_small_to_fit_the_profile_test_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"params\.yaml: method\.diffusion: stop_test profile: fitting its variance prior"):
         fit_scoring(model, defaults("method", "diffusion"), types.SimpleNamespace(x=X[:1], y=np.zeros(1, dtype=np.int64)),
                     "method.diffusion")
+
+
+def test_a_student_matches_full_scorings_logits_not_the_eliminated_ones(trained):
+    """Sequential elimination agrees with full scoring on the argmax only: a dropped class's logit
+    is a capped stand-in. A distilled student's targets are the teacher's `target_logits` — full
+    scoring's for a diffusion teacher, the logits of any other kind — and distill asks for them
+    on train and val, never for the eliminated logits."""
+    from stages.core.settings import DistillConfig
+    from stages.distill import distill
+    from stages.models import target_logits
+
+    model, prepared = trained
+    fast = scoring(model, prepared)
+    x = prepared.x[:100]
+    full = same_weights(model, stop_se=0.0).score(x)[0]
+    assert np.array_equal(target_logits(fast, x), full)
+    eliminated = fast.logits(x)
+    assert not np.array_equal(eliminated, full) and (eliminated.argmax(1) == full.argmax(1)).all()
+
+    class Plain:  # a kind without target_logits: its logits
+        def logits(self, x):
+            return np.full((len(x), 4), 0.5, dtype=np.float32)
+
+    assert np.array_equal(target_logits(Plain(), x), np.full((100, 4), 0.5, dtype=np.float32))
+
+    class Spy:
+        kind, n_classes = "diffusion", 4
+
+        def __init__(self) -> None:
+            self.rows: list[int] = []
+
+        def logits(self, x):
+            raise AssertionError("distill asked for the eliminated logits")
+
+        def target_logits(self, x):
+            self.rows.append(len(x))
+            return fast.target_logits(x)
+
+    spy = Spy()
+    cfg = DistillConfig(hidden=[8], temperature=2.0, alpha=0.5, lr=1e-2, epochs=1, batch_size=64, selection="val_avg")
+    distill(prepared, spy, cfg, seed=0)
+    assert spy.rows == [int((prepared.split == "train").sum()), int((prepared.split == "val").sum())]

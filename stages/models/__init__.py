@@ -79,6 +79,15 @@ class Classifier(Protocol):
         ...
 
 
+def target_logits(model: Any, x: Any) -> np.ndarray:
+    """The logits a student distilled from `model` matches: its `target_logits(x)` (optional on a
+    Classifier) or else its `logits(x)`. A kind whose stored scoring approximates its own scores
+    (the denoising classifier's sequential elimination: only the argmax is full scoring's, a dropped
+    class's logit is a capped stand-in) gives its full scores there."""
+    target = getattr(model, "target_logits", None)
+    return np.asarray(target(x) if callable(target) else model.logits(x))
+
+
 def inference_cost(model: Any) -> dict[str, Any] | None:
     """The model's `cost_per_example()` (optional on a Classifier), or None if it has none.
 

@@ -589,6 +589,12 @@ class DiffusionClassifier(SequentialElimination, nn.Module):
         """
         return self._cached(x)[0].copy()
 
+    def target_logits(self, x: np.ndarray) -> np.ndarray:
+        """Full scoring's logits (every class on every draw; `stages.models.target_logits`): what a
+        distilled student matches. Sequential elimination's logits agree with them on the argmax
+        only; a dropped class keeps a capped stand-in, a softer target the fewer draws it had."""
+        return self.score(np.ascontiguousarray(x, dtype=np.float32), full=True)[0]
+
     def log_likelihood(self, x: np.ndarray) -> np.ndarray:
         """Per-example ELBO estimate of log p(x) (float64, (n,)); see the module docstring."""
         return self._cached(x)[1].copy()
