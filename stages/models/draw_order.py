@@ -104,12 +104,13 @@ def draw_values(model: Any, x: np.ndarray, limit: int = 512) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, k, s))
 
 
-def informative_order(model: Any, x: np.ndarray, y: np.ndarray, limit: int = 512) -> list[int]:
+def informative_order(model: Any, x: np.ndarray, y: np.ndarray, limit: int = 512, values: np.ndarray | None = None) -> list[int]:
     """The draw positions 0..S-1 of `model` (a DiffusionClassifier), most class-separating first,
-    measured on the labelled examples (`x`, `y`; the first `limit`)."""
+    measured on the labelled examples (`x`, `y`; the first `limit`; `values`: their `draw_values`,
+    if already scored)."""
     if len(x) == 0:
         raise ValueError("draw_order informative: no labelled examples to rank the draws on (empty val split)")
-    v = draw_values(model, x, limit)
+    v = draw_values(model, x, limit) if values is None else values
     y = np.asarray(y[:limit], dtype=np.int64)
     rows = np.arange(len(v))
     d = v - v[rows, y][:, None]  # (n, K, S)
@@ -121,9 +122,12 @@ def informative_order(model: Any, x: np.ndarray, y: np.ndarray, limit: int = 512
     return [int(j) for j in np.argsort(-ratio, kind="stable")]
 
 
-def difference_profile(model: Any, x: np.ndarray, limit: int = 512) -> tuple[list[float], list[float]]:
+def difference_profile(
+    model: Any, x: np.ndarray, limit: int = 512, values: np.ndarray | None = None
+) -> tuple[list[float], list[float]]:
     """`stop_test: profile`'s model of the paired differences, fitted on unlabelled examples (the
-    first `limit` of `x`; training passes its val split): (profile, prior).
+    first `limit` of `x`; training passes its val split; `values`: their `draw_values`, if
+    already scored): (profile, prior).
 
     Without labels: for every example, its differences d_s(y) = v_s(y) − v_s(ŷ) to full
     scoring's prediction ŷ over all S draws, for every other class y — what sequential
@@ -138,7 +142,7 @@ def difference_profile(model: Any, x: np.ndarray, limit: int = 512) -> tuple[lis
     from scipy.optimize import brentq
     from scipy.special import digamma, polygamma
 
-    v = draw_values(model, x, limit)
+    v = draw_values(model, x, limit) if values is None else values
     n, k, s = v.shape
     if n == 0 or k < 2 or s < 2:
         raise ValueError(f"stop_test profile: fitting the difference profile needs val examples, 2 classes and 2 draws, "

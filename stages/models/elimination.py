@@ -57,7 +57,12 @@ import numpy as np
 import torch
 
 from stages.core.schema import ConfigError
-from stages.models.draw_order import difference_profile, informative_order, profile_order
+from stages.models.draw_order import (
+    difference_profile,
+    draw_values,
+    informative_order,
+    profile_order,
+)
 
 
 class SequentialElimination:
@@ -203,12 +208,15 @@ def fit_scoring(model: SequentialElimination, cfg: Any, val: Any, key: str) -> N
     without labels; the draw order of `draw_order` profile (from that profile) or informative
     (ranked with val's labels). A val split it cannot fit on is a ConfigError naming `key`."""
     order = getattr(cfg, "draw_order", "strata")
-    if model.stop_se and (model.stop_test == "profile" or order == "profile"):
+    profile = bool(model.stop_se) and (model.stop_test == "profile" or order == "profile")
+    # Both fits read the same scoring of val: score it once.
+    values = draw_values(model, val.x) if profile and order == "informative" else None
+    if profile:
         try:
-            model.stop_profile, model.stop_prior = difference_profile(model, val.x)
+            model.stop_profile, model.stop_prior = difference_profile(model, val.x, values=values)
         except ValueError as e:
             raise ConfigError(f"params.yaml: {key}: {e}") from None
     if order == "profile" and model.stop_profile is not None:
         model.draw_perm = profile_order(model.stop_profile)
     elif order == "informative":
-        model.draw_perm = informative_order(model, val.x, val.y)
+        model.draw_perm = informative_order(model, val.x, val.y, values=values)
