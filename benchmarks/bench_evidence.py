@@ -10,11 +10,11 @@
 Run: the project is copied into a temp folder (a git repo, as `dvc exp run` needs) and run as
 `make repro` runs it, through the parallel Prefect flow: `python -m pipeline.flows --override
 experiment=evidence` (stages at once: the cores available, or `--max-parallel`). Prints the
-wall time, then one markdown row per base dataset and regime from data/reports/summary.json
-`_evidence` (the contract of issue 23): the generative − reference gap in OOD worst-group
-accuracy and in the ID→OOD drop with their 95% two-level bootstrap intervals, the regime's
-prediction, the verdict, the number of replicates and the under-trained models. `--keep DIR`
-copies summary.json and report.md there.
+wall time, then the tables of data/reports/summary.json `_evidence` (docs/metrics.md, "Evidence
+over replicates"): the matched pairs first (each generative model against the matched reference),
+then the group-aware ones, each with its gaps in OOD worst-group accuracy and in the ID→OOD drop,
+their 95% t intervals, the verdict after Holm's correction, the replicates and its flags.
+`--keep DIR` copies summary.json and report.md there.
 
 Estimate (`--estimate`): the same run at `--seeds` (default one seed), timed, with the CPU
 seconds of everything it started (stages, the flow's DVC bookkeeping, its Prefect server),
@@ -127,23 +127,39 @@ def base_and_regime(name: str) -> tuple[str, str]:
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The README's table from summary.json's `_evidence` (one row per base dataset and regime)."""
+    """The README's tables from summary.json's `_evidence`: the matched pairs (each generative
+    model against the matched reference) of every base dataset and regime, then the group-aware
+    ones; each row the pair's worst-group and drop gaps with their 95% t intervals, the verdict
+    after Holm's correction, the replicates and the pair's flags."""
     evidence = summary.get("_evidence")
     if not isinstance(evidence, dict) or not evidence:
-        raise SystemExit("summary.json has no `_evidence`: the report predates issue 23's evidence section")
-    header = ["dataset", "regime", "gap: OOD worst-group acc. [95% CI]", "gap: ID→OOD drop [95% CI]",
-              "predicted", "verdict", "seeds", "under-trained"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name in sorted(evidence, key=lambda n: (base_and_regime(n)[0], list(REGIMES.values()).index(base_and_regime(n)[1]))):
-        e = evidence[name]
-        base, regime = base_and_regime(name)
-        under = ", ".join(e.get("under_trained") or []) or "none"
-        verdict = str(e.get("verdict", "n/a"))
-        if e.get("seeds_needed"):  # the power estimate, where the report gives one
-            verdict += f" (~{e['seeds_needed']} seeds would tell)"
-        lines.append(f"| {base} | {regime} | {_gap(e.get('gap_worst_group'))} | {_gap(e.get('gap_drop'))} | "
-                     f"{e.get('prediction') or 'no call'} | {verdict} | {e.get('seeds', '?')} | {under} |")
-    return "\n".join(lines)
+        raise SystemExit("summary.json has no `_evidence`: the report predates the evidence section")
+    if any("pairs" not in e for e in evidence.values()):
+        raise SystemExit("summary.json's `_evidence` has no `pairs`: the report predates the matched comparison; re-run `dvc repro report`")
+    header = ["dataset", "regime", "pair", "OOD worst-group gap [95% CI]", "ID→OOD drop gap [95% CI]", "verdict (Holm)",
+              "seeds", "flags"]
+    order = sorted(evidence, key=lambda n: (base_and_regime(n)[0], list(REGIMES.values()).index(base_and_regime(n)[1])))
+    out = []
+    for kind in ("matched", "group-aware"):
+        lines = [f"**{kind}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for name in order:
+            base, regime = base_and_regime(name)
+            for p in evidence[name]["pairs"]:
+                if p.get("comparison") != kind:
+                    continue
+                verdict = str(p.get("verdict", "n/a"))
+                if p.get("p_holm") is not None:
+                    verdict += f" (p = {p['p_holm']:.2g})"
+                if p.get("seeds_needed"):  # the power estimate, where the report gives one
+                    verdict += f"; ~{p['seeds_needed']} seeds would tell"
+                flags = "; ".join(p.get("flags") or []) or "none"
+                lines.append(f"| {base} | {regime} | {p['model']} − {p['against']} | {_gap(p.get('worst_group'))} | "
+                             f"{_gap(p.get('drop'))} | {verdict} | {p.get('replicates', '?')} | {flags} |")
+        out.append("\n".join(lines))
+    failed = [f"{n}: {', '.join(e['failed_to_learn'])}" for n, e in evidence.items() if e.get("failed_to_learn")]
+    if failed:
+        out.append("Failed to learn (their pairs blocked): " + "; ".join(failed))
+    return "\n\n".join(out)
 
 
 # ---- the estimate ---------------------------------------------------------------------------

@@ -62,6 +62,9 @@ SHIFT_STREAM = len(SPLITS)
 LOGLIK_COLUMN = "loglik"
 # Examples scored under torch's FLOP counter to measure a model's inference cost.
 COST_SAMPLE = 64
+# Examples of each test split whose network evaluations an adaptively scored model counts
+# (`scoring_cost`): its cost depends on the examples, the shifted ones above all.
+SCORING_SAMPLE = 512
 
 
 def with_loglik(schema: pa.Schema) -> pa.Schema:
@@ -271,6 +274,25 @@ def inference_cost(classifier: Any, x: np.ndarray, batch_size: int) -> dict[str,
     return {"parameters": n_values, "macs_per_example": counter.macs / len(x)}
 
 
+def scoring_cost(classifier: Any, samples: dict[str, np.ndarray]) -> dict[str, dict[str, float]] | None:
+    """Per test split, a model that scores each example with a variable number of network
+    evaluations (sequential elimination: a model with `score` and `rows_per_example`)
+    against full scoring's: {split: {evaluations_per_example, full_per_example,
+    ratio}} over the split's first `SCORING_SAMPLE` rows, scored as evaluate scores them (the
+    same draws and keys). None for any other model (its cost does not depend on the example)."""
+    score, full = getattr(classifier, "score", None), getattr(classifier, "rows_per_example", None)
+    if not callable(score) or not callable(full):
+        return None
+    out = {}
+    for split, x in samples.items():
+        if len(x) == 0:
+            continue
+        rows = int(score(np.ascontiguousarray(x, dtype=np.float32))[2])
+        per, whole = rows / len(x), int(full())
+        out[split] = {"evaluations_per_example": per, "full_per_example": whole, "ratio": per / whole}
+    return out
+
+
 def scores_rows_alone(classifier: Any) -> bool:
     """Whether a model's logits of a row depend on that row only, so that they can be computed
     chunk by chunk (a discriminative network on `x`: the MLP and timm classifiers). A generative
@@ -447,6 +469,10 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
     else:
         sample = inputs(prepared.subset("test_id"))[:COST_SAMPLE]
     cost = inference_cost(classifier, sample, cfg.batch_size)
+    if cost is not None and not isinstance(prepared, PreparedFile) and not text_input:
+        scoring = scoring_cost(classifier, {s: prepared.subset(s).x[:SCORING_SAMPLE] for s in ("test_id", "test_ood")})
+        if scoring:
+            cost["scoring"] = scoring
 
     identity = {"dataset": dataset, "model": model, "seed": seed_int, PROVENANCE: made}
     schema = predictions_schema(prepared.n_classes)

@@ -33,6 +33,7 @@ from stages.evaluation.comparison import (
     load_regime,
     load_run_data,
     replicate_base,
+    source_items,
 )
 from stages.evaluation.phase_cells import load_phase
 from stages.reporting.render import build_report
@@ -47,8 +48,10 @@ def run(params: Any) -> str:
     # every prepared dataset with the seeds run on it (run.redraw_data: instance k has seed k only)
     prepared = instances(params, cfg)
     metrics = [m for d, i in prepared.items() for m in load_metrics([d], cfg.models, i.seeds)]
+    items = {d: source_items(d) for d in prepared}  # repeated test items: resampled as one
     data = {
-        (m["dataset"], m["model"], int(m["seed"])): load_run_data(m["dataset"], m["model"], int(m["seed"]), int(m["n_classes"]))
+        (m["dataset"], m["model"], int(m["seed"])): load_run_data(
+            m["dataset"], m["model"], int(m["seed"]), int(m["n_classes"]), items[m["dataset"]])
         for m in metrics
     }
     regimes = {d: load_regime(d) for d in prepared}

@@ -87,6 +87,31 @@ def test_a_rising_val_objective_is_over_fitting_not_under_training():
     assert c["best_epoch"] == 20 and "over-fitting" in c["why"] and "lowest at epoch 20" in c["why"]
 
 
+def test_a_fall_that_never_regains_an_earlier_best_is_not_under_training():
+    """The audit's groupdro curve: lowest at epoch 10, then a rise, then 70 epochs falling back
+    without reaching it. The window's line falls significantly, but more epochs have not beaten
+    epoch 10 so far: "plateaued", not "may be under-trained"; with a new low it is flagged."""
+    values = list(np.linspace(1.0, 0.50, 10)) + list(np.linspace(0.52, 0.90, 10)) + list(np.linspace(0.90, 0.60, 60))
+    c = convergence(curve(values))
+    assert c["improvement"] > PLATEAU_GAIN and c["p_falling"] < PLATEAU_ALPHA  # the line does fall ...
+    assert c["flag"] == "plateaued" and c["best_epoch"] == 10  # ... but not below epoch 10's value
+    assert "came before the window and was not regained" in c["why"]
+    regained = values[:-20] + list(np.linspace(values[-21], 0.45, 20))
+    assert convergence(curve(regained))["flag"] == "may be under-trained"
+
+
+def test_a_minimum_budget_delays_the_plateau_stop():
+    """min_epochs: the plateau test may not stop training before it; the same run with 0 stops
+    earlier on the same curve."""
+    prepared = blobs(n_classes=2, n=400, seed=4)
+    kw = dict(epochs=40, eval_every=3, steps=20, draws=4, select_draws=2, patience=2, lr=1e-2)
+    _, early = train_diffusion(prepared, diffusion_cfg(**kw), seed=0)
+    first = max(r["epoch"] for r in early.history.to_pylist())
+    _, late = train_diffusion(prepared, diffusion_cfg(**kw, min_epochs=first + 5), seed=0)
+    last = max(r["epoch"] for r in late.history.to_pylist())
+    assert early.stopped == "plateau" and last >= first + 5 and late.stopped in ("plateau", "budget")
+
+
 def test_too_few_epochs_or_none_is_not_applicable():
     short = convergence(curve([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4]))
     assert short["flag"] == "n/a" and short["improvement"] is None and "too few epochs: 7" in short["why"]
@@ -229,7 +254,7 @@ def workdir(workdir):
 @pytest.mark.parametrize("method", ["erm", "groupdro", "jtt"])
 def test_a_trained_classifier_records_train_and_val_objective_every_epoch(workdir, method):
     fast = [f"method.{method}.epochs=9", f"method.{method}.hidden=[8]"]
-    assert train.main([DS, method, "0", *fast, *(["method.jtt.id_epochs=1", "method.jtt.upweight=5"] if method == "jtt" else [])]) == 0
+    assert train.main([DS, method, "0", *fast, *(["method.jtt.id_epochs=1", "method.jtt.id_epochs_grid=[]", "method.jtt.upweight=5"] if method == "jtt" else [])]) == 0
     folder = model_dir(DS, method, 0)
     rows = read_parquet(folder / HISTORY, HISTORY_SCHEMA).to_pylist()
     objective = [(r["epoch"], r["split"]) for r in rows if r["objective"] is not None]

@@ -52,7 +52,7 @@ EPOCHS = 4
 TINY = {
     "diffusion": ["eval_every=3", "width=16", "steps=20", "draws=4", "select_draws=2", "batch_size=32"],
     "autoregressive": ["eval_every=3", "bins=8", "d_model=16", "ff=32", "batch_size=32"],
-    "jtt": ["hidden=[8]", "lr=0.02", "id_epochs=1", "upweight=10"],
+    "jtt": ["hidden=[8]", "lr=0.02", "id_epochs=1", "id_epochs_grid=[]", "upweight=10"],
 }
 RESUMABLE = ("erm", "groupdro", "jtt", "diffusion", "autoregressive")
 # An autoregressive model that stops on the plateau test (patience 2) long before its budget.

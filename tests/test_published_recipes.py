@@ -181,7 +181,7 @@ def workdir(workdir):
 
 
 def test_the_jtt_stage_records_its_upsampled_epoch(workdir):
-    fast = ["method.jtt.epochs=2", "method.jtt.id_epochs=1", "method.jtt.hidden=[8]", "method.jtt.upweight=10"]
+    fast = ["method.jtt.epochs=2", "method.jtt.id_epochs=1", "method.jtt.id_epochs_grid=[]", "method.jtt.hidden=[8]", "method.jtt.upweight=10"]
     assert train.main([DS, "jtt", "0", *fast]) == 0
     record = read_json(model_dir(DS, "jtt", 0) / CONFIG)["jtt"]
     assert record["upsample"] == "copies" and record["n_train"] == SIZES["train"]
@@ -212,7 +212,7 @@ def test_a_streamed_split_trains_on_the_same_sampled_rows(workdir):
     tolerance = 5 * math.sqrt(len(seen) * 0.25 * 0.75)
     assert all(abs(int(c) - len(seen) / 4) <= tolerance for c in torch.bincount(seen, minlength=4))
     for method in ("groupdro", "jtt"):
-        extra = ["method.jtt.id_epochs=1", "method.jtt.upweight=5"] if method == "jtt" else []
+        extra = ["method.jtt.id_epochs=1", "method.jtt.id_epochs_grid=[]", "method.jtt.upweight=5"] if method == "jtt" else []
         assert train.main([DS, method, "0", "runtime.stream=true", f"method.{method}.epochs=2", *extra]) == 0
         assert read_json(model_dir(DS, method, 0) / CONFIG)["runtime"]["stream"] is True
 

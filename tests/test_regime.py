@@ -18,7 +18,7 @@ from stages.prepare import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"n_train": 200, "n_val": 100, "n_test_id": 100, "n_test_ood": 100}
-MORE = "a likelihood (generative) classifier is expected to use the shortcut more than a discriminative one"
+MORE = "in the population, the LDA rule uses the cue more than logistic regression (a description of the data, not a prediction about the fitted models)"
 POINT = ("cue", "core", "rho", "lda_wga", "lr_wga", "gap")  # the keys that do not depend on the folds or shuffles
 
 
@@ -112,8 +112,8 @@ def test_regime_call_needs_the_measure_a_real_cue_and_a_gap_beyond_the_margin() 
     assert regime.parse_separation({"cue": 10, "core": 2}) == {"cue": 10.0, "core": 2.0}
     assert regime.expected_use({"cue": 10.0, "core": 2.0}) is None
     assert "re-run `dvc repro -f prepare@<dataset>`" in regime.predicted_direction({"cue": 10.0, "core": 2.0})
-    assert "no prediction" in regime.predicted_direction({"cue": None, "core": 2.0})
-    assert "no prediction" in regime.predicted_direction(None)
+    assert "no call" in regime.predicted_direction({"cue": None, "core": 2.0})
+    assert "no call" in regime.predicted_direction(None)
     assert regime.parse_separation(sep()) == sep()  # every key survives the file round trip
     with pytest.raises(ValueError, match="malformed"):
         regime.parse_separation(sep(gap="x"))

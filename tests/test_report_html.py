@@ -79,21 +79,23 @@ def _prepared() -> Prepared:
     return Prepared(np.arange(n), split, y, a, y * 2 + a, np.zeros((n, 1), np.float32), meta)
 
 
-def _runs() -> tuple[list[dict], dict]:
+def _runs(seeds: int = 1) -> tuple[list[dict], dict]:
     prepared = _prepared()
     rng = np.random.default_rng(1)
     metrics, data = [], {}
     kinds = {"erm": {"kind": "erm", "selection": "val_avg"}, "lda": {"kind": "lda"},
              "groupdro": {"kind": "groupdro"}, "lda_student": {"kind": "distill", "teacher": "lda"}}
     for i, (model, info) in enumerate(kinds.items()):
-        follow = rng.random(len(prepared.y)) < 0.2 + 0.2 * i  # how often the model copies the attribute
-        guess = np.where(follow, prepared.a, prepared.y)
-        logits = (np.eye(2)[guess] * (1.0 + i) + rng.normal(size=(len(guess), 2))).astype(np.float32)
-        table, m, plots = evaluate.evaluate_predictions(prepared, logits, 10, bootstrap_resamples=50)
-        m.update(model=model, seed=0, model_config=info, cost={"parameters": 10 * (i + 1), "macs_per_example": 5.0 * (i + 1)})
-        metrics.append(m)
-        data[("toy", model, 0)] = comparison.RunData(prepared.split, prepared.y, prepared.a, prepared.g, logits,
-                                                  regenerate=[])
+        for seed in range(seeds):
+            follow = rng.random(len(prepared.y)) < 0.2 + 0.2 * i  # how often the model copies the attribute
+            guess = np.where(follow, prepared.a, prepared.y)
+            logits = (np.eye(2)[guess] * (1.0 + i) + rng.normal(size=(len(guess), 2))).astype(np.float32)
+            table, m, plots = evaluate.evaluate_predictions(prepared, logits, 10, bootstrap_resamples=50)
+            m.update(model=model, seed=seed, model_config=info,
+                     cost={"parameters": 10 * (i + 1), "macs_per_example": 5.0 * (i + 1)})
+            metrics.append(m)
+            data[("toy", model, seed)] = comparison.RunData(prepared.split, prepared.y, prepared.a, prepared.g, logits,
+                                                         regenerate=[])
     return metrics, data
 
 

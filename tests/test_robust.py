@@ -213,6 +213,14 @@ def test_groupdro_and_jtt_beat_erm_on_the_worst_group_of_colored_digits(digits):
     # JTT's identification run's errors are the minority groups (y != a: g = 1 and 2).
     found = info["jtt"]["errors_by_group"]
     assert found["1"] + found["2"] >= 0.9 * info["jtt"]["n_errors"] > 0
+    # T tuned over the default grid as the authors tune it: the kept run is the best on val worst-group.
+    tuning = info["jtt"]["tuning"]
+    assert tuning["grid"] == [1, 2, 5, 10] and set(tuning["scores"]) == {"1", "2", "5", "10"}
+    assert tuning["criterion"] == "val worst_group_acc of the selected checkpoint (val_worst_group)"
+    best = max(tuning["scores"].values())
+    assert tuning["chosen_id_epochs"] == min(int(t) for t, v in tuning["scores"].items() if v == best)
+    assert info["jtt"]["id_epochs"] == tuning["chosen_id_epochs"]
+    assert jtt_trained.metrics["val"]["worst_group_acc"] == best
 
 
 # ---- every method through the train stage on the real gaussian_shortcut generator ---------------
@@ -244,7 +252,7 @@ def fast(method: str) -> list[str]:
     if method in ("lda", "dfr"):
         return []
     out = [f"method.{method}.epochs=8", f"method.{method}.hidden=[16]", f"method.{method}.lr=0.01"]
-    return out + (["method.jtt.id_epochs=1"] if method == "jtt" else [])
+    return out + (["method.jtt.id_epochs=1", "method.jtt.id_epochs_grid=[]"] if method == "jtt" else [])
 
 
 PRETRAIN = [DS, "pretrain.epochs=15", "pretrain.hidden=[16]", "pretrain.lr=0.01"]
@@ -457,6 +465,10 @@ def test_dfr_refits_the_head_of_the_model_its_features_name(clean_runs, poisonab
         ("method.diffusion.patience=-1", "method.diffusion.patience"),
         ("method.autoregressive.patience=-2", "method.autoregressive.patience"),
         ("method.jtt.id_epochs=0", "method.jtt.id_epochs"),
+        ("method.jtt.id_epochs_grid=[2,0]", "method.jtt.id_epochs_grid"),
+        ("method.jtt.id_epochs_grid=[2,2]", "method.jtt.id_epochs_grid"),
+        ("method.diffusion.min_epochs=-1", "method.diffusion.min_epochs"),
+        ("method.autoregressive.min_epochs=1000", "method.autoregressive.min_epochs"),
         ("method.reweight.balance=domain", "method.reweight.balance"),
         ("method.probe.init=scratch", "method.probe.init"),
         ("method.dfr.c_grid=[1.0,0]", "method.dfr.c_grid"),

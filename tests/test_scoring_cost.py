@@ -340,3 +340,23 @@ def test_a_student_matches_full_scorings_logits_not_the_eliminated_ones(trained)
     cfg = DistillConfig(hidden=[8], temperature=2.0, alpha=0.5, lr=1e-2, epochs=1, batch_size=64, selection="val_avg")
     distill(prepared, spy, cfg, seed=0)
     assert spy.rows == [int((prepared.split == "train").sum()), int((prepared.split == "val").sum())]
+
+
+def test_evaluate_records_the_scoring_cost_of_each_test_split_apart(trained):
+    """evaluate's `cost.scoring`: per test split, the evaluations per example of the model's own
+    scoring over the split's first rows, against full scoring's K·S — the same count `score`
+    gives; full scoring's ratio is 1; a model whose cost does not depend on the example has none."""
+    from stages.evaluate import scoring_cost
+
+    model, prepared = trained
+    fast = scoring(model, prepared)
+    samples = {s: prepared.subset(s).x[:50] for s in ("test_id", "test_ood")}
+    got = scoring_cost(fast, samples)
+    assert set(got) == {"test_id", "test_ood"}
+    for split, x in samples.items():
+        rows = fast.score(x)[2]
+        assert got[split]["evaluations_per_example"] == rows / 50 and got[split]["full_per_example"] == 4 * 32
+        assert got[split]["ratio"] == pytest.approx(rows / 50 / 128) and got[split]["ratio"] < 1
+    full = scoring_cost(same_weights(model, stop_se=0.0), samples)
+    assert {s: v["ratio"] for s, v in full.items()} == {"test_id": 1.0, "test_ood": 1.0}
+    assert scoring_cost(torch.nn.Linear(2, 2), samples) is None

@@ -165,7 +165,7 @@ def test_separation_and_prediction_are_reported_and_a_missing_one_is_a_note(vali
     write_prepared("regime", make_columns(), separation=sep)
     assert stage.main(["regime"]) == 0
     out = capsys.readouterr().out
-    more = "a likelihood (generative) classifier is expected to use the shortcut more than a discriminative one"
+    more = "in the population, the LDA rule uses the cue more than logistic regression (a description of the data, not a prediction about the fitted models)"
     assert "separation cue 10 vs core 2" in out and more in out
     report = json.loads(validated_path("regime").read_text())
     assert report["success"] and report["separation"] == sep

@@ -356,14 +356,15 @@ def model_names(params: DictConfig) -> list[str]:
 
 
 def check_er_reference(params: DictConfig, cfg: EvaluateConfig) -> None:
-    """ConfigError unless every `evaluate.er_reference` and `evaluate.evidence_reference` entry
-    is a model name (`model_names`).
+    """ConfigError unless every `evaluate.er_reference` and `evaluate.evidence_reference` entry,
+    and `evaluate.evidence_matched`, is a model name (`model_names`).
 
     A name that is a model but not in this run is fine: the report says it is absent.
     """
     known = model_names(params)
-    for key in ("er_reference", "evidence_reference"):  # the report's two reference families
-        bad = [m for m in getattr(cfg, key) if m not in known]
+    for key in ("er_reference", "evidence_reference", "evidence_matched"):  # the report's reference models
+        value = getattr(cfg, key)
+        bad = [m for m in ([value] if isinstance(value, str) else value) if m not in known]
         if bad:
             raise ConfigError(
                 f"params.yaml: evaluate.{key}: {', '.join(repr(m) for m in bad)} "

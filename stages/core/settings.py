@@ -121,6 +121,14 @@ class EvaluateConfig:
         "the discriminative reference family of the report's evidence: generative − these models' mean, "
         "in OOD worst-group accuracy and ID→OOD drop, over replicates (those in the run; the report reads it)"
     )
+    evidence_matched: str = option(
+        "the evidence's matched reference: each generative model against this model (same inputs, no group "
+        "labels) is the headline comparison; the other evidence_reference models are the group-aware one"
+    )
+    learned_margin: float = option(
+        "a run whose val balanced accuracy is within this of chance (1 / classes) failed to learn: "
+        "it blocks every verdict it would enter"
+    )
 
     def check(self, c: Checks) -> None:
         c.require(self.ece_bins >= 1, "ece_bins", f"must be >= 1, got {self.ece_bins}")
@@ -132,6 +140,8 @@ class EvaluateConfig:
             "shift_regenerate_n",
             f"must be 0 or >= 8, got {self.shift_regenerate_n}",
         )
+        c.require(bool(self.evidence_matched), "evidence_matched", "must name a model")
+        c.require(0.0 <= self.learned_margin < 0.5, "learned_margin", f"must be in [0, 0.5), got {self.learned_margin}")
         for key in ("er_reference", "evidence_reference"):
             names = getattr(self, key)
             c.require(len(set(names)) == len(names), key, f"has duplicates: {names}")

@@ -235,6 +235,8 @@ def generate(cfg: ColoredDigitsConfig) -> Generated:
         "params": dataclasses.asdict(cfg),
         "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
     }
+    if cfg.test_repeats > 1:  # copies of one image share id mod this: the report resamples them as one item
+        meta["source_item_modulus"] = int((rounds == 0).sum())
     return columns, meta
 
 

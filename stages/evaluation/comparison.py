@@ -127,18 +127,37 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def run_convergence(m: dict[str, Any]) -> dict[str, Any]:
+FAILED_TO_LEARN = "failed to learn"
+
+
+def run_convergence(m: dict[str, Any], margin: float | None = None) -> dict[str, Any]:
     """A run's under-training check (`stages.models.history.convergence`, recorded by train or
     distill in config.json, copied by evaluate into `model_config`); "n/a" when absent (a model
-    fitted without epochs)."""
+    fitted without epochs). With `margin` (`evaluate.learned_margin`), a run at chance on val
+    (`failed_to_learn`) is flagged "failed to learn" whatever its curve did: a flat curve at
+    chance is no plateau."""
     record = (m.get("model_config") or {}).get("convergence")
     if not isinstance(record, dict) or record.get("flag") is None:
-        return {"flag": "n/a", "improvement": None}
+        record = {"flag": "n/a", "improvement": None}
+    if margin is not None and failed_to_learn(m, margin):
+        k = int(m["n_classes"])
+        return {**record, "flag": FAILED_TO_LEARN,
+                "why": f"val balanced accuracy {float(m['splits']['val']['balanced_acc']):.3f}, within {margin:g} of chance (1/{k})"}
     return record
 
 
-def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
-    """One row per dataset × model × seed × split, sorted by those keys (splits in contract order)."""
+def failed_to_learn(m: dict[str, Any], margin: float) -> bool:
+    """Whether a run is at chance: its val balanced accuracy (the mean of its per-class
+    accuracies, chance 1 / classes whatever the class mix) is at most chance + `margin`. Such a
+    model has learned nothing to compare (it is "failed to learn", never "plateaued")."""
+    k = int(m["n_classes"])
+    value = m["splits"]["val"].get("balanced_acc")
+    return value is not None and float(value) <= 1.0 / k + margin
+
+
+def leaderboard(metrics: list[dict[str, Any]], margin: float | None = None) -> pa.Table:
+    """One row per dataset × model × seed × split, sorted by those keys (splits in contract order);
+    `margin`: `run_convergence`'s."""
     rows = [
         {
             "dataset": m["dataset"],
@@ -147,8 +166,8 @@ def leaderboard(metrics: list[dict[str, Any]]) -> pa.Table:
             "split": split,
             "n": int(m["splits"][split]["n"]),
             **{key: number(m["splits"][split][key]) for key in METRIC_KEYS},
-            "convergence": str(run_convergence(m)["flag"]),
-            "convergence_improvement": run_convergence(m).get("improvement"),
+            "convergence": str(run_convergence(m, margin)["flag"]),
+            "convergence_improvement": run_convergence(m, margin).get("improvement"),
         }
         for m in metrics
         for split in SPLITS
@@ -174,14 +193,27 @@ class RunData:
     g: np.ndarray
     logits: np.ndarray
     regenerate: list[dict[str, Any]] = field(default_factory=list)
+    # The source item of every row where a test item appears several times (prepared metadata
+    # `source_item_modulus` M: item = id mod M, the copies of one image); None: each row its own.
+    item: np.ndarray | None = None
 
     @property
     def correct(self) -> np.ndarray:
         return self.logits.argmax(axis=1) == self.y
 
 
-def load_run_data(dataset: str, model: str, seed: int, n_classes: int) -> RunData:
-    """Read one run's predictions (and its regenerate shift curve, if evaluate wrote one)."""
+def source_items(dataset: str) -> int | None:
+    """The prepared file's `source_item_modulus` (test items repeated: item = id mod it), or None."""
+    path = prepared_path(dataset)
+    value = read_metadata(path).get("source_item_modulus")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ArtifactError(f"{path}: file metadata 'source_item_modulus' must be a positive integer, got {value!r}")
+    return value
+
+
+def load_run_data(dataset: str, model: str, seed: int, n_classes: int, item_modulus: int | None = None) -> RunData:
+    """Read one run's predictions (and its regenerate shift curve, if evaluate wrote one);
+    `item_modulus` (`source_items`): rows' source items are id mod it."""
     path = predictions_path(dataset, model, seed)
     if not path.is_file():
         raise ArtifactError(f"{path}: predictions file not found (run `dvc repro {evaluate_stage(dataset, model, seed)}`)")
@@ -198,6 +230,7 @@ def load_run_data(dataset: str, model: str, seed: int, n_classes: int) -> RunDat
         g=t.column("g").to_numpy(),
         logits=fixed_list_to_numpy(t.column("logits")),
         regenerate=[r for r in rows if isinstance(r, dict) and r.get("route") == REGENERATE_ROUTE],
+        item=None if item_modulus is None else t.column("id").to_numpy() % item_modulus,
     )
 
 
@@ -261,7 +294,7 @@ def summarise_model(
         wga=[r["splits"]["test_ood"]["worst_group_acc"] for r in runs],
         ece=[r["splits"]["test_ood"]["ece"] for r in runs],
         cost=runs[0].get("cost"),
-        convergence=[run_convergence(r) for r in runs],
+        convergence=[run_convergence(r, boot.learned_margin) for r in runs],
         seed_ids=[int(r["seed"]) for r in runs],
     )
     n_attrs = int(runs[0]["n_attrs"])
@@ -277,7 +310,9 @@ def summarise_model(
     ood = data[0].split == "test_ood"
     correct = np.stack([d.correct for d in data])
     if boot.bootstrap_resamples > 0:
-        ci = bootstrap_ci(correct[:, ood], data[0].g[ood], n_groups, boot.bootstrap_resamples, [boot.bootstrap_seed, REPORT_STREAM + k])
+        items = None if data[0].item is None else data[0].item[ood]  # copies of one image resampled together
+        ci = bootstrap_ci(correct[:, ood], data[0].g[ood], n_groups, boot.bootstrap_resamples, [boot.bootstrap_seed, REPORT_STREAM + k],
+                          items=items, strata=data[0].y[ood])
         ms.wga_ci, ms.ood_acc_ci = ci["worst_group_acc"], ci["acc"]
     train = data[0].split == "train"
     pool = np.isin(data[0].split, ("test_id", "test_ood"))
@@ -348,8 +383,11 @@ def dataset_summaries(
             s.extrapolated = any(i < lo or i > hi for i in s.id_acc)
         er.extrapolated = [s.model for s in summaries if s.extrapolated]
         if data is not None and boot.bootstrap_resamples > 0:
-            er.resamples_left_out = effective_robustness_intervals(dataset, summaries, data, boot)
-            er.resamples = boot.bootstrap_resamples
+            if er.baseline.n_points >= ER_INTERVAL_POINTS:
+                er.resamples_left_out = effective_robustness_intervals(dataset, summaries, data, boot)
+                er.resamples = boot.bootstrap_resamples
+            else:
+                er.too_few_points = True
     # max() keeps the first of equal values, so ties go to the earlier model in the table.
     best = max(summaries, key=lambda s: s.mean("wga"))
     extra: dict[str, Any] = {"best": best.model, "er": er, "tied": [], "smallest_group": smallest_groups(runs)}
@@ -362,12 +400,13 @@ def dataset_summaries(
             return np.stack([data[(dataset, model, int(m["seed"]))].correct[ood] for m in runs if m["model"] == model])
 
         g = first.g[ood]
+        items = None if first.item is None else first.item[ood]
         for j, s in enumerate(summaries):
             if s is best:
                 continue
             s.vs_best = paired_bootstrap(
                 correct(s.model), correct(best.model), g, n_groups, boot.bootstrap_resamples,
-                [boot.bootstrap_seed, REPORT_STREAM + 50 + j],
+                [boot.bootstrap_seed, REPORT_STREAM + 50 + j], items=items, strata=first.y[ood],
             )["worst_group_acc"]
         out = [at_written_precision(s) for s in summaries]
         # Ties are ties: the models whose difference to the best its interval does not tell from 0.
@@ -378,6 +417,10 @@ def dataset_summaries(
 
 # Bootstrap stream of the effective-robustness intervals: [bootstrap_seed, ER_STREAM, ...].
 ER_STREAM = 400
+# An interval of effective robustness needs this many reference (model, seed) points: resampling
+# 3 points (one seed of three reference models) redraws one of ~4 lines, a mixture, not an
+# interval; 9 is three seeds of three reference models.
+ER_INTERVAL_POINTS = 9
 
 
 def effective_robustness_intervals(
@@ -469,6 +512,7 @@ class ERReference:
     extrapolated: list[str] = field(default_factory=list)  # models with a seed outside id_range
     resamples: int = 0  # of the intervals' bootstrap (0: no intervals)
     resamples_left_out: int = 0  # of those, drawn points with one ID accuracy (no line)
+    too_few_points: bool = False  # predictions and resamples, but fewer than ER_INTERVAL_POINTS points: no interval
 
     @property
     def absent(self) -> list[str]:
@@ -498,6 +542,10 @@ class ERReference:
                 if self.resamples_left_out:
                     text += (f" {self.resamples_left_out} of {self.resamples} resamples drew reference points with one "
                              "ID accuracy (no line) and were left out.")
+            elif self.too_few_points:
+                text += (f" **No interval**: {self.baseline.n_points} reference points; an interval needs at least "
+                         f"{ER_INTERVAL_POINTS} (resampling a few points redraws one of a few lines, not an interval): "
+                         "one decimal only.")
             else:
                 text += " No interval (no predictions, or `evaluate.bootstrap_resamples` is 0): one decimal only."
             if self.extrapolated:

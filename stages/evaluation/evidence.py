@@ -1,70 +1,100 @@
-"""Evidence over replicates: do the generative classifiers beat the discriminative reference?
+"""Evidence over replicates: does each generative classifier beat the matched discriminative model
+where the shortcut breaks?
 
-For each base dataset, the gap *generative − reference* in OOD worst-group accuracy and in the
-ID→OOD accuracy drop, with a 95% interval from a two-level bootstrap, and the verdict it
-supports (docs/metrics.md, "Evidence over replicates"):
+The question the seed paper asks is matched: a class-conditional generative model against a
+discriminative model trained on the same inputs without group labels, each selected by
+the run's rule. So the evidence is a list of **pairs** per base dataset (docs/metrics.md,
+"Evidence over replicates"):
 
-- A **replicate** is one (dataset, seed) run of every compared model. Datasets redrawn per seed
-  (prepared metadata `replicate_of: <base>`) are replicates of their base dataset; a dataset
-  without it is its own base, its replicates its seeds.
-- **Families**: generative = the run's models whose method is registered generative;
-  reference = `evaluate.evidence_reference` (those in the run, none generative). A replicate's
-  family value is the mean over the family's models; its gap, generative minus reference.
-- **Estimate**: the mean of the replicates' gaps. **Interval**: percentile bootstrap. One
-  resample draws R replicates with replacement (level 1), and resamples the test examples
-  within each group of each split (level 2, `metrics.bootstrap_indices`): one resample per
-  dataset's test split, shared by every model and every drawn replicate that was scored on it
-  (models and seeds on the same examples stay paired; a test split shared by several seeds
-  contributes its sampling noise once, as it does to the estimate).
-- **Verdict**: `generative better` / `discriminative better` only with ≥ 2 replicates and a
-  worst-group interval that excludes 0; else `not distinguishable`, with the seeds a power
-  estimate asks for.
+- **matched**: each generative model of the run against `evaluate.evidence_matched` (plain ERM) —
+  the headline, one verdict per generative model;
+- **group-aware**: each generative model against each other model of
+  `evaluate.evidence_reference` (the robust methods there use group labels or an error set) — a
+  second, labelled comparison;
+- the **family** mean (every generative model against every reference model) is kept as a
+  summary only, never a verdict.
 
-Nothing here formats a page beyond the verdict's words (`Evidence.verdict_text`, `fmt_gap`).
+A **replicate** is one (dataset, seed) run of every compared model; a dataset redrawn per seed
+(prepared metadata `replicate_of`) is a replicate of its base. A pair's gap per replicate r is
+d_r = wg_A(r) − wg_B(r) in test_ood worst-group accuracy, and the same in the ID→OOD accuracy
+drop (acc test_id − acc test_ood), so "better overall" and "less shortcut" are told apart.
+
+**Interval** (built for few replicates): the mean gap ± t_{ν, 0.975} · se with
+
+    se² = s²/R + V,   ν = se⁴ / ((s²/R)² / (R − 1))     (Welch–Satterthwaite, V known)
+
+s² the sample variance of the R replicate gaps and V the test examples' sampling variance of
+the mean gap over test splits **shared** by several replicates (a fixed test split scored by
+several seeds: its noise is common to them and does not shrink with R). V is a bootstrap
+variance: the shared split's examples resampled within each group, or, where a test item
+appears several times (copies of one source image, prepared metadata `source_item_modulus`),
+whole items resampled within each class. With a test split per replicate (redrawn data) each
+d_r carries its own examples' noise and V = 0: a plain one-sample t interval on R − 1 degrees
+of freedom. tests/test_evidence.py simulates the null (seed-to-seed sd τ up to 0.2, shared and
+redrawn splits, repeated items) and asserts at most 5 % false verdicts in every cell.
+
+**Verdict**: a winner only with R ≥ 2 and a two-sided p-value that survives Holm's step-down
+correction over the run's comparisons of the same kind (all matched pairs of every base dataset
+form one family; the group-aware pairs another); else `not distinguishable`. A pair with a
+model that **failed to learn** (val balanced accuracy within `evaluate.learned_margin` of
+chance on some seed) has no verdict and no test: `blocked`. Under-trained, over-fitting and
+selection-rule flags stand beside the verdict.
+
+Nothing here formats a page beyond the verdict's words (`fmt_gap`, `Pair.verdict_text`).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from stages.core.io import fixed_precision
 from stages.core.settings import EvaluateConfig
 from stages.evaluation.comparison import (
     RunData,
+    failed_to_learn,
     model_config,
     model_type,
     ordered,
     run_convergence,
     smallest_groups,
 )
-from stages.evaluation.metrics import bootstrap_indices, group_accuracies, percentile_interval
+from stages.evaluation.metrics import group_accuracies, metrics_from_hits, resampled_group_hits
 from stages.evaluation.regime import expected_use
 
 # Bootstrap streams of the evidence: [bootstrap_seed, EVIDENCE_STREAM, base dataset index, ...],
 # apart from evaluate's and the report's per-model streams (comparison.REPORT_STREAM = 100..).
 EVIDENCE_STREAM = 300
 LEVEL = 0.95
+ALPHA = 1.0 - LEVEL
 # The power estimate: two-sided test at ALPHA, power POWER.
-ALPHA = 0.05
 POWER = 0.80
 UNDER_TRAINED = "may be under-trained"
-VERDICTS = ("generative better", "discriminative better", "not distinguishable")
+VERDICTS = ("generative better", "discriminative better", "not distinguishable", "blocked")
+MATCHED, GROUP_AWARE = "matched", "group-aware"
+# Checkpoint selection (and JTT's T, DFR's C and its fit) read val's groups: below this many rows
+# in its smallest group, the report flags every pair of the dataset.
+VAL_GROUP_MIN = 50
 # An `overfitting` value (bool, flag string, or {"flag": ...}) that does not flag the run.
 NOT_FLAGGED = frozenset({"", "n/a", "no", "none", "false", "plateaued", "not over-fitting", "not overfitting"})
 
 
 @dataclass
 class SplitGroups:
-    """One dataset's test splits: the groups of test_id and test_ood, in file order."""
+    """One dataset's test splits: groups (and classes, and source items where a test item is
+    repeated) of test_id and test_ood, in file order."""
 
     g_id: np.ndarray
     g_ood: np.ndarray
+    y_id: np.ndarray | None = None
+    y_ood: np.ndarray | None = None
+    items_id: np.ndarray | None = None  # source item per row; None: every row its own item
+    items_ood: np.ndarray | None = None
 
 
 @dataclass
@@ -72,107 +102,141 @@ class Replicate:
     """One (dataset, seed): every compared model's correctness on its dataset's test splits."""
 
     test: int  # index of its SplitGroups
-    id_correct: np.ndarray  # (M, n_id) bool, models in the order of the family weights
+    id_correct: np.ndarray  # (M, n_id) bool, models in the order of the contrast weights
     ood_correct: np.ndarray  # (M, n_ood)
 
 
-def replicate_values(r: Replicate, t: SplitGroups, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per model: (test_ood worst-group accuracy, ID→OOD accuracy drop) on the examples as they are."""
-    wga = np.array([group_accuracies(c, t.g_ood, n_groups)[1][np.bincount(t.g_ood, minlength=n_groups) > 0].min()
-                    for c in r.ood_correct])
+def replicate_values(r: Replicate, t: SplitGroups, n_groups: int) -> np.ndarray:
+    """(M, 2) per model: test_ood worst-group accuracy and ID→OOD accuracy drop, examples as they are."""
+    present = np.bincount(t.g_ood, minlength=n_groups) > 0
+    wga = np.array([group_accuracies(c, t.g_ood, n_groups)[1][present].min() for c in r.ood_correct])
     drop = r.id_correct.mean(axis=1) - r.ood_correct.mean(axis=1)
-    return wga, drop
-
-
-def family_weights(n_generative: int, n_reference: int) -> np.ndarray:
-    """Weights w with Σ_m w_m·v_m = mean over the generative models − mean over the reference."""
-    return np.concatenate([np.full(n_generative, 1.0 / n_generative), np.full(n_reference, -1.0 / n_reference)])
+    return np.stack([wga, drop], axis=1)
 
 
 def replicate_gaps(
     tests: Sequence[SplitGroups], replicates: Sequence[Replicate], weights: np.ndarray, n_groups: int
 ) -> np.ndarray:
-    """(R, 2): each replicate's gap in worst-group accuracy and in the drop (columns)."""
-    out = []
-    for r in replicates:
-        wga, drop = replicate_values(r, tests[r.test], n_groups)
-        out.append([float(weights @ wga), float(weights @ drop)])
-    return np.asarray(out, dtype=np.float64).reshape(len(replicates), 2)
+    """(R, 2): each replicate's contrast Σ_m w_m·v_m in worst-group accuracy and in the drop."""
+    return np.array([weights @ replicate_values(r, tests[r.test], n_groups) for r in replicates],
+                    dtype=np.float64).reshape(len(replicates), 2)
 
 
-def two_level_draws(
+def sampling_draws(
     tests: Sequence[SplitGroups],
     replicates: Sequence[Replicate],
-    weights: np.ndarray,
+    n_groups: int,
     resamples: int,
     seed: Sequence[int],
-) -> np.ndarray:
-    """(resamples, 2): the two-level bootstrap's draws of the mean gap (worst-group, drop).
+) -> dict[int, np.ndarray]:
+    """Per test split t scored by ≥ 2 replicates (or the only replicate): (B, R_t, M, 2), every
+    model's (worst-group, drop) of each of its replicates on B resamples of t's examples.
 
-    Resample b: test set t's examples are resampled within each group, test_id with stream
-    `[*seed, 1 + t, 0]` and test_ood with `[*seed, 1 + t, 1]` (`bootstrap_indices`), and every
-    replicate's gap is recomputed on them; then R replicates are drawn with replacement
-    (`numpy.random.default_rng([*seed, 0]).integers(0, R, (resamples, R))`, row b) and their
-    recomputed gaps averaged. A replicate drawn twice counts its gap of resample b twice.
-    """
+    Resample b of t: test_id with stream `[*seed, 1 + t, 0]`, test_ood with `[*seed, 1 + t, 1]`
+    (`metrics.resampled_group_hits`: rows within each group, or whole source items within each
+    class where the split records them), one resample shared by every model and replicate on t,
+    so models and seeds stay paired on the same examples."""
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
-    R = len(replicates)
-    if R == 0:
-        raise ValueError("no replicate to resample")
-    gaps = np.empty((R, resamples, 2))
+    out = {}
     for t, test in enumerate(tests):
-        mine = [i for i, r in enumerate(replicates) if r.test == t]
-        if not mine:
+        mine = [r for r in replicates if r.test == t]
+        if not (len(mine) >= 2 or len(replicates) == 1 and mine):
             continue
-        # Stratified resamples keep every position's group, so with the positions ordered by group
-        # each group's hits are one contiguous sum (integers: exact, and cheaper than float bincounts).
-        order = np.argsort(test.g_ood, kind="stable")
-        sizes = np.bincount(test.g_ood)
-        sizes = sizes[sizes > 0]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        n_id, n_ood = len(test.g_id), len(test.g_ood)
-        done = 0
-        chunks = zip(bootstrap_indices(test.g_id, resamples, [*seed, 1 + t, 0]),
-                     bootstrap_indices(test.g_ood, resamples, [*seed, 1 + t, 1]), strict=True)
-        for idx_id, idx_ood in chunks:
-            b = len(idx_id)
-            by_group = idx_ood[:, order]
-            for i in mine:
-                r = replicates[i]
-                hits = np.add.reduceat(r.ood_correct[:, by_group], starts, axis=2, dtype=np.int64)  # (M, b, groups)
-                wga = (hits / sizes).min(axis=2)
-                drop = np.count_nonzero(r.id_correct[:, idx_id], axis=2) / n_id - hits.sum(axis=2) / n_ood
-                gaps[i, done : done + b, 0] = weights @ wga
-                gaps[i, done : done + b, 1] = weights @ drop
-            done += b
-    draw = np.random.default_rng([*seed, 0]).integers(0, R, size=(resamples, R))
-    return gaps[draw, np.arange(resamples)[:, None], :].mean(axis=1)
+        m = mine[0].ood_correct.shape[0]
+        ood = np.concatenate([r.ood_correct for r in mine])  # (R_t·M, n_ood)
+        idc = np.concatenate([r.id_correct for r in mine])
+        wga, acc_ood, acc_id = [], [], []
+        for hits, sizes in resampled_group_hits(ood, test.g_ood, n_groups, resamples, [*seed, 1 + t, 1],
+                                                test.items_ood, test.y_ood):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                gacc = np.where(sizes[:, None, :] > 0, hits / sizes[:, None, :], np.inf)
+            wga.append(gacc.min(axis=2))
+            acc_ood.append(hits.sum(axis=2) / sizes.sum(axis=1)[:, None])
+        for hits, sizes in resampled_group_hits(idc, test.g_id, n_groups, resamples, [*seed, 1 + t, 0],
+                                                test.items_id, test.y_id):
+            acc_id.append(hits.sum(axis=2) / sizes.sum(axis=1)[:, None])
+        w, a_ood, a_id = (np.concatenate(v).reshape(resamples, len(mine), m) for v in (wga, acc_ood, acc_id))
+        out[t] = np.stack([w, a_id - a_ood], axis=3)
+    return out
 
 
-def decide(low: float | None, high: float | None, replicates: int) -> str:
-    """The verdict on the worst-group gap: a winner only with ≥ 2 replicates and an interval
-    that excludes 0 (better = higher OOD worst-group accuracy)."""
-    if replicates < 2 or low is None or high is None:
-        return "not distinguishable"
-    if low > 0:
-        return "generative better"
-    if high < 0:
-        return "discriminative better"
-    return "not distinguishable"
+@dataclass
+class Interval:
+    """The t interval of one contrast's mean gap (worst-group and drop columns)."""
+
+    estimate: np.ndarray  # (2,)
+    low: np.ndarray | None
+    high: np.ndarray | None
+    se: np.ndarray | None
+    df: np.ndarray | None
+    p_value: float | None  # two-sided, worst-group column
+    between_sd: float | None  # sd of the R replicate worst-group gaps
+
+
+def t_interval(per_rep: np.ndarray, shared_var: np.ndarray, level: float = LEVEL) -> Interval:
+    """The mean of `per_rep` (R, 2) ± t_{ν} · se, se² = s²/R + `shared_var` (2,), ν by
+    Welch–Satterthwaite with `shared_var` known (∞ when s = 0); R = 1: the sampling variance
+    alone on the normal scale (shown, never a verdict). No interval when se is 0 or undefined."""
+    r = len(per_rep)
+    est = per_rep.mean(axis=0)
+    between = per_rep.var(axis=0, ddof=1) / r if r >= 2 else np.zeros(2)
+    if r < 2 and not np.any(shared_var > 0):
+        return Interval(est, None, None, None, None, None, None)
+    var = between + shared_var
+    se = np.sqrt(var)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df = np.where(between > 0, var**2 / (between**2 / max(r - 1, 1)), np.inf)
+    q = stats.t.ppf(0.5 + level / 2.0, df)
+    p = None
+    if se[0] > 0:
+        p = float(2.0 * stats.t.sf(abs(est[0]) / se[0], df[0]))
+    elif est[0] != 0:
+        p = 0.0
+    sd = float(math.sqrt(per_rep[:, 0].var(ddof=1))) if r >= 2 else None
+    return Interval(est, est - q * se, est + q * se, se, df, p, sd)
+
+
+def contrast_interval(
+    tests: Sequence[SplitGroups],
+    replicates: Sequence[Replicate],
+    draws: dict[int, np.ndarray],
+    weights: np.ndarray,
+    n_groups: int,
+) -> tuple[np.ndarray, Interval]:
+    """(per-replicate gaps (R, 2), their t interval) of the contrast `weights` over the models."""
+    per_rep = replicate_gaps(tests, replicates, weights, n_groups)
+    r = len(replicates)
+    shared = np.zeros(2)
+    for d in draws.values():
+        shared += np.einsum("brmk,m->bk", d, weights).var(axis=0, ddof=1) / (r * r)  # Var_b of Σ_{r on t} gap / R
+    return per_rep, t_interval(per_rep, shared)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as given): p_(i) → max_{j ≤ i} min(1, (m − j + 1)·p_(j))."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: (p_values[i], i))
+    out = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
 
 
 def seeds_needed(gap: float, sd: float | None, power: float = POWER, alpha: float = ALPHA) -> int | None:
-    """Replicates for a two-sided test at `alpha` to detect `gap` with probability `power`, when
-    replicates scatter with sd `sd`: n = ⌈((z_{1−α/2} + z_power) · sd / |gap|)²⌉, at least 2
-    (normal approximation to the one-sample t test of the mean gap; a t test needs one or two
-    more at small n). None without an sd (fewer than 2 replicates) or a gap of 0."""
+    """Replicates for a two-sided t test at `alpha` to detect `gap` with probability `power`,
+    when replicates scatter with sd `sd`: the least n ≥ 2 with n ≥ ((t_{n−1, 1−α/2} +
+    t_{n−1, power}) · sd / |gap|)² (the usual t-based iteration). None without an sd or a gap of 0."""
     if sd is None or gap == 0:
         return None
-    normal = statistics.NormalDist()
-    z = normal.inv_cdf(1.0 - alpha / 2.0) + normal.inv_cdf(power)
-    ratio = z * sd / abs(gap)
-    return max(2, math.ceil(ratio * ratio))
+    ratio = sd / abs(gap)
+    for n in range(2, 100_000):
+        need = ((stats.t.ppf(1.0 - alpha / 2.0, n - 1) + stats.t.ppf(power, n - 1)) * ratio) ** 2
+        if n >= need:
+            return n
+    return None
 
 
 def overfitting_flag(record: dict[str, Any]) -> str | None:
@@ -189,72 +253,99 @@ def overfitting_flag(record: dict[str, Any]) -> str | None:
 
 
 def flagged(runs: Sequence[dict[str, Any]], models: Sequence[str], test: Any) -> list[str]:
-    """`models` (in order) with a run whose convergence record `test` flags, as 'name (k/S seeds)'
-    when only some of its S runs are."""
+    """`models` (in order) with a run that `test` flags, as 'name (k/S seeds)' when only some of
+    its S runs are."""
     out = []
     for model in models:
-        mine = [run_convergence(r) for r in runs if r["model"] == model]
-        hits = sum(1 for c in mine if test(c))
+        mine = [r for r in runs if r["model"] == model]
+        hits = sum(1 for r in mine if test(r))
         if hits:
             out.append(model if hits == len(mine) else f"{model} ({hits}/{len(mine)} seeds)")
     return out
 
 
+def _gap(est: float | None = None, low: float | None = None, high: float | None = None) -> dict[str, float | None]:
+    return {"estimate": est, "low": low, "high": high}
+
+
+@dataclass
+class Pair:
+    """One comparison: `model` (generative) − `against`, over the replicates."""
+
+    model: str
+    against: str
+    comparison: str  # MATCHED or GROUP_AWARE
+    replicates: int
+    worst_group: dict[str, float | None] = field(default_factory=_gap)
+    drop: dict[str, float | None] = field(default_factory=_gap)
+    df: float | None = None
+    p_value: float | None = None
+    p_holm: float | None = None
+    family_size: int | None = None  # comparisons in its Holm family
+    between_sd: float | None = None
+    seeds_needed: int | None = None
+    verdict: str = "not distinguishable"
+    flags: list[str] = field(default_factory=list)
+    blocked_by: list[str] = field(default_factory=list)
+    shared_split: bool = False
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "against": self.against, "comparison": self.comparison,
+            "replicates": self.replicates, "worst_group": self.worst_group, "drop": self.drop,
+            "df": self.df, "p_value": self.p_value, "p_holm": self.p_holm, "family_size": self.family_size,
+            "verdict": self.verdict, "flags": self.flags, "seeds_needed": self.seeds_needed,
+        }
+
+    def verdict_text(self) -> str:
+        """The verdict in words: a winner only where the Holm-corrected test says so."""
+        if self.verdict == "blocked":
+            return f"**blocked**: {', '.join(self.blocked_by)} failed to learn (at chance on val), no comparison"
+        text = f"**{self.verdict}**"
+        if self.p_holm is not None:
+            text += f" (Holm p = {self.p_holm:.2g} over {self.family_size})"
+        if self.flags:
+            text += "; " + "; ".join(self.flags)
+        return text
+
+
 @dataclass
 class Evidence:
-    """One base dataset's comparison over replicates (summary.json `_evidence[<base>]`)."""
+    """One base dataset's comparisons over replicates (summary.json `_evidence[<base>]`)."""
 
     base: str
     datasets: list[str]
     replicates: list[tuple[str, int]]
     generative: list[str]
     reference: list[str]
+    matched: str | None
     absent_reference: list[str]
-    gap_worst_group: dict[str, float | None]
-    gap_drop: dict[str, float | None]
-    between_sd: float | None
-    seeds_needed: int | None
-    verdict: str
-    prediction: str | None
+    pairs: list[Pair]
+    family: dict[str, Any]
+    regime: str | None
     under_trained: list[str]
     overfitting: list[str]
+    failed: list[str]
     smallest_group: dict[str, int] = field(default_factory=dict)
+    shared_split: bool = False
     note: str = ""
 
-    @property
-    def agreement(self) -> str | None:
-        """'as predicted' / 'contrary to the prediction' for a verdict with a winner, else None."""
-        if self.verdict == "not distinguishable" or self.prediction is None or self.prediction.startswith("mixed"):
-            return None
-        expected = {"generative uses the shortcut less": "generative better",
-                    "generative uses the shortcut more": "discriminative better"}.get(self.prediction)
-        return "as predicted" if expected == self.verdict else "contrary to the prediction"
+    def matched_pairs(self) -> list[Pair]:
+        return [p for p in self.pairs if p.comparison == MATCHED]
 
     def summary(self) -> dict[str, Any]:
-        """The summary.json object: the contract's keys, plus seeds_needed, over-fitting and the note."""
+        """The summary.json object (docs/metrics.md, "Evidence over replicates")."""
         return {
             "seeds": len(self.replicates),
-            "gap_worst_group": self.gap_worst_group,
-            "gap_drop": self.gap_drop,
-            "verdict": self.verdict,
-            "prediction": self.prediction,
+            "test_split": "shared by the replicates" if self.shared_split else "one per replicate",
+            "pairs": [p.summary() for p in self.pairs],
+            "family": self.family,
+            "regime": self.regime,
             "under_trained": [n.split(" (")[0] for n in self.under_trained],
             "overfitting": [n.split(" (")[0] for n in self.overfitting],
-            "seeds_needed": self.seeds_needed,
+            "failed_to_learn": [n.split(" (")[0] for n in self.failed],
             "note": self.note,
         }
-
-    def verdict_text(self) -> str:
-        """The verdict in words: the winner only where the interval excludes 0, with the
-        regime's prediction, and the flagged models by name."""
-        text = f"**{self.verdict}**"
-        if self.agreement:
-            text += f" ({self.agreement})"
-        if self.under_trained:
-            text += f"; under-trained in a compared family: {', '.join(self.under_trained)}"
-        if self.overfitting:
-            text += f"; over-fitting flagged: {', '.join(self.overfitting)}"
-        return text
 
 
 def fmt_gap(gap: dict[str, float | None]) -> str:
@@ -265,34 +356,23 @@ def fmt_gap(gap: dict[str, float | None]) -> str:
     return f"{est:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else " (no interval)")
 
 
-def _prediction(separations: Sequence[dict[str, Any] | None]) -> str | None:
-    """The regime's prediction (`regime.expected_use`), one for the base dataset; 'mixed …' when
-    its replicates' prepared files predict different directions."""
+def _regime(separations: Sequence[dict[str, Any] | None]) -> str | None:
+    """The data's regime in words (`regime.expected_use`: population LDA against logistic
+    regression on the data, not the fitted models): a description, never a prediction of the
+    verdict; 'mixed …' when the replicates' prepared files differ."""
     uses = ordered([expected_use(s) or "no call" for s in separations])
     if uses == ["no call"]:
         return None
     if len(uses) > 1:
         return f"mixed across replicates ({', '.join(uses)})"
-    return f"generative uses the shortcut {uses[0]}"
+    return f"population LDA uses the cue {uses[0]} than logistic regression"
 
 
-def _power_note(e: Evidence, interval: bool) -> str:
-    """Why the verdict is `not distinguishable` and what would settle it."""
-    n = len(e.replicates)
-    if n < 2:
-        return (f"{n} replicate: the interval holds the test examples' sampling noise only, not the variance between "
-                "seeds (and data draws), so it cannot carry a verdict; a power estimate needs the between-replicate sd "
-                "too: run ≥ 2 seeds (`run.seeds`; 5 or more to estimate that sd usefully).")
-    if not interval:
-        return ""
-    if e.seeds_needed is None:
-        return "The replicates' mean gap is 0: no number of seeds would detect it."
-    power = (f"Power estimate: ⌈((z₀.₉₇₅ + z₀.₈₀) · sd / |gap|)²⌉ with the observed gap {e.gap_worst_group['estimate']:+.3f} "
-             f"and the between-replicate sd {e.between_sd:.3f} asks for {e.seeds_needed} seeds (80% power, two-sided 5%)")
-    if e.seeds_needed <= n:
-        return (power + f", no more than these {n}: the test examples' noise, not the seeds, keeps the interval "
-                "around 0; larger test groups would narrow it, more seeds alone will not.")
-    return power + "."
+def _selection_flag(info: dict[str, dict[str, Any]], a: str, b: str) -> str | None:
+    sa, sb = info[a].get("selection"), info[b].get("selection")
+    if sa and sb and sa != sb:
+        return f"selected by different rules ({a}: {sa}, {b}: {sb})"
+    return None
 
 
 def evidence_for(
@@ -304,11 +384,15 @@ def evidence_for(
     separations: Sequence[dict[str, Any] | None],
     seed: Sequence[int],
 ) -> Evidence:
-    """The evidence of one base dataset from the runs (metrics dicts) of its `datasets`."""
+    """The evidence of one base dataset from the runs (metrics dicts) of its `datasets`; the
+    verdicts wait for `apply_holm` over the whole run (`gather`)."""
     models = ordered([m["model"] for m in runs])
     info = {m: model_config([r for r in runs if r["model"] == m]) for m in models}
     generative = [m for m in models if model_type(info[m]) == "generative"]
     reference = [m for m in boot.evidence_reference if m in models and m not in generative]
+    matched = boot.evidence_matched if boot.evidence_matched in reference else None
+    if matched:  # the matched reference first
+        reference = [matched, *[m for m in reference if m != matched]]
     absent = [m for m in boot.evidence_reference if m not in models]
     compared = generative + reference
     replicates = ordered([(str(m["dataset"]), int(m["seed"])) for m in runs])  # type: ignore[arg-type]
@@ -317,52 +401,111 @@ def evidence_for(
     first = runs[0]
     n_groups = int(first["n_classes"]) * int(first["n_attrs"])
     mine = [r for r in runs if r["model"] in compared]
+    margin = boot.learned_margin
     e = Evidence(
         base=base, datasets=list(datasets), replicates=complete, generative=generative, reference=reference,
-        absent_reference=absent, gap_worst_group={"estimate": None, "low": None, "high": None},
-        gap_drop={"estimate": None, "low": None, "high": None}, between_sd=None, seeds_needed=None,
-        verdict="not distinguishable", prediction=_prediction(separations),
-        under_trained=flagged(mine, compared, lambda c: c.get("flag") == UNDER_TRAINED),
-        overfitting=flagged(mine, compared, lambda c: overfitting_flag(c) is not None),
+        matched=matched, absent_reference=absent, pairs=[], family={}, regime=_regime(separations),
+        under_trained=flagged(mine, compared, lambda r: run_convergence(r).get("flag") == UNDER_TRAINED),
+        overfitting=flagged(mine, compared, lambda r: overfitting_flag(run_convergence(r)) is not None),
+        failed=flagged(mine, compared, lambda r: failed_to_learn(r, margin)),
         smallest_group=smallest_groups(list(runs)),
     )
     if not generative or not reference:
         missing = "generative model" if not generative else "model of the reference family `evaluate.evidence_reference`"
         e.note = f"This run has no {missing}."
         return e
-    weights = family_weights(len(generative), len(reference))
-    interval = False
+    tests: list[SplitGroups] = []
+    reps: list[Replicate] = []
+    draws: dict[int, np.ndarray] = {}
     if data is not None:
         tests, reps = replicate_arrays(complete, compared, data)
-        per_rep = replicate_gaps(tests, reps, weights, n_groups)
-        if boot.bootstrap_resamples > 0 and complete:
-            draws = two_level_draws(tests, reps, weights, boot.bootstrap_resamples, seed)
-            interval = True
-    else:  # no predictions (build_report without data): the estimate from the metrics files, no interval
-        per_rep = np.array([[float(weights @ [by_key[(d, m, s)]["splits"]["test_ood"]["worst_group_acc"] for m in compared]),
-                             float(weights @ [by_key[(d, m, s)]["splits"]["test_id"]["acc"]
-                                              - by_key[(d, m, s)]["splits"]["test_ood"]["acc"] for m in compared])]
-                            for d, s in complete]).reshape(len(complete), 2)
-    per_rep = fixed_precision(per_rep.tolist())  # what follows is decided on the numbers the report writes
-    for k, gap in enumerate((e.gap_worst_group, e.gap_drop)):
-        if per_rep:
-            gap["estimate"] = fixed_precision(statistics.fmean(r[k] for r in per_rep))
-        if interval:
-            gap["low"], gap["high"] = fixed_precision(percentile_interval(draws[:, k], LEVEL))
-    if len(per_rep) >= 2:
-        e.between_sd = fixed_precision(statistics.stdev(r[0] for r in per_rep))
-    e.verdict = decide(e.gap_worst_group["low"], e.gap_worst_group["high"], len(complete))
-    if e.verdict == "not distinguishable":  # what would settle it
-        e.seeds_needed = seeds_needed(float(e.gap_worst_group["estimate"] or 0.0), e.between_sd)
+        e.shared_split = len(tests) < len(reps)
+        if boot.bootstrap_resamples > 0 and reps:
+            draws = sampling_draws(tests, reps, n_groups, boot.bootstrap_resamples, seed)
+    val_small = min((int(g["n"]) for r in mine for g in r["splits"]["val"].get("groups", {}).values() if int(g["n"]) > 0),
+                    default=None)
+    e.smallest_group = {**e.smallest_group, **({"val": val_small} if val_small is not None else {})}
+    failed = {n.split(" (")[0]: n for n in e.failed}
+    under = {n.split(" (")[0]: n for n in e.under_trained}
+    over = {n.split(" (")[0]: n for n in e.overfitting}
+
+    def contrast(weights: np.ndarray) -> tuple[np.ndarray, Interval | None]:
+        if data is None:  # no predictions: the estimate from the metrics files, no interval
+            vals = np.array([[[by_key[(d, m, s)]["splits"]["test_ood"]["worst_group_acc"],
+                               by_key[(d, m, s)]["splits"]["test_id"]["acc"] - by_key[(d, m, s)]["splits"]["test_ood"]["acc"]]
+                              for m in compared] for d, s in complete]).reshape(len(complete), len(compared), 2)
+            return np.einsum("m,rmk->rk", weights, vals), None
+        if boot.bootstrap_resamples == 0 and (len(complete) < 2 or e.shared_split):
+            return replicate_gaps(tests, reps, weights, n_groups), None
+        return contrast_interval(tests, reps, draws, weights, n_groups)
+
+    for a in generative:
+        for b in reference:
+            w = np.zeros(len(compared))
+            w[compared.index(a)], w[compared.index(b)] = 1.0, -1.0
+            p = Pair(a, b, MATCHED if b == matched else GROUP_AWARE, len(complete), shared_split=e.shared_split)
+            p.blocked_by = [failed[m] for m in (a, b) if m in failed]
+            p.flags = [f"{under[m]} may be under-trained" for m in (a, b) if m in under]
+            p.flags += [f"{over[m]} over-fitting flagged" for m in (a, b) if m in over]
+            p.flags += [f for f in [_selection_flag(info, a, b)] if f]
+            if val_small is not None and val_small < VAL_GROUP_MIN:
+                p.flags.append(f"val's smallest group holds {val_small} rows (< {VAL_GROUP_MIN}): selection on it is noisy")
+            per_rep, iv = contrast(w)
+            _fill(p, per_rep, iv)
+            if p.blocked_by:
+                p.verdict = "blocked"
+            e.pairs.append(p)
+    w = np.concatenate([np.full(len(generative), 1.0 / len(generative)), np.full(len(reference), -1.0 / len(reference))])
+    fam = Pair("generative family", "reference family", "summary", len(complete))
+    per_rep, iv = contrast(w)
+    _fill(fam, per_rep, iv)
+    e.family = {
+        "summary": ("a summary, not a verdict: the mean over the generative models "
+                    f"({', '.join(generative)}) minus the mean over the reference models ({', '.join(reference)})"),
+        "worst_group": fam.worst_group, "drop": fam.drop,
+    }
     notes = []
-    if e.verdict == "not distinguishable":
-        if not interval:
-            notes.append("No interval (no predictions, or `evaluate.bootstrap_resamples` is 0): no verdict.")
-        notes.append(_power_note(e, interval))
+    if len(complete) < 2:
+        notes.append(f"{len(complete)} replicate: the interval holds the test examples' sampling noise only, not the "
+                     "variance between seeds (and data draws), so it carries no verdict: run ≥ 2 seeds (`run.seeds`; "
+                     "5 or more for a useful t interval).")
+    elif data is None or boot.bootstrap_resamples == 0 and e.shared_split:
+        notes.append("No interval (no predictions, or `evaluate.bootstrap_resamples` is 0 on a shared test split): no verdict.")
     if len(complete) < len(replicates):
         notes.append(f"{len(replicates) - len(complete)} (dataset, seed) runs lack a compared model and are left out.")
-    e.note = " ".join(n for n in notes if n)
+    e.note = " ".join(notes)
     return e
+
+
+def _fill(p: Pair, per_rep: np.ndarray, iv: Interval | None) -> None:
+    """A pair's numbers at the precision the report writes (what follows is decided on them)."""
+    est = fixed_precision(per_rep.mean(axis=0).tolist()) if len(per_rep) else [None, None]
+    p.worst_group["estimate"], p.drop["estimate"] = est
+    if iv is None:
+        return
+    if iv.low is not None and iv.high is not None:
+        for k, gap in enumerate((p.worst_group, p.drop)):
+            gap["low"], gap["high"] = fixed_precision([float(iv.low[k]), float(iv.high[k])])
+        p.df = fixed_precision(float(iv.df[0])) if iv.df is not None and np.isfinite(iv.df[0]) else None
+    if p.replicates >= 2:
+        p.p_value = fixed_precision(iv.p_value) if iv.p_value is not None else None
+        p.between_sd = fixed_precision(iv.between_sd)
+
+
+def apply_holm(evidence: dict[str, Evidence], alpha: float = ALPHA) -> None:
+    """The verdicts: within each kind of comparison (matched; group-aware) over every base
+    dataset of the run, Holm's correction of the pairs that carry a test (R ≥ 2, an interval,
+    no model that failed to learn); a winner where the adjusted p-value is below `alpha`."""
+    for kind in (MATCHED, GROUP_AWARE):
+        pairs = [p for e in evidence.values() for p in e.pairs if p.comparison == kind]
+        tested = [p for p in pairs if p.verdict != "blocked" and p.p_value is not None and p.replicates >= 2]
+        for p, adj in zip(tested, holm([float(p.p_value) for p in tested]), strict=True):  # type: ignore[arg-type]
+            p.p_holm, p.family_size = fixed_precision(adj), len(tested)
+            if adj < alpha:
+                p.verdict = "generative better" if float(p.worst_group["estimate"] or 0.0) > 0 else "discriminative better"
+        for p in pairs:
+            if p.verdict == "not distinguishable" and p.replicates >= 2:
+                p.seeds_needed = seeds_needed(float(p.worst_group["estimate"] or 0.0), p.between_sd)
 
 
 def replicate_arrays(
@@ -378,7 +521,9 @@ def replicate_arrays(
         id_rows, ood_rows = split == "test_id", split == "test_ood"
         if d not in index:
             index[d] = len(tests)
-            tests.append(SplitGroups(runs[0].g[id_rows], runs[0].g[ood_rows]))
+            items = runs[0].item
+            tests.append(SplitGroups(runs[0].g[id_rows], runs[0].g[ood_rows], runs[0].y[id_rows], runs[0].y[ood_rows],
+                                     None if items is None else items[id_rows], None if items is None else items[ood_rows]))
         reps.append(Replicate(index[d], np.stack([r.correct[id_rows] for r in runs]),
                               np.stack([r.correct[ood_rows] for r in runs])))
     return tests, reps
@@ -391,7 +536,8 @@ def gather(
     separations: dict[str, dict[str, Any] | None],
     bases: dict[str, str] | None = None,
 ) -> dict[str, Evidence]:
-    """Per base dataset (`bases[dataset]`, default the dataset itself), in run order, its evidence."""
+    """Per base dataset (`bases[dataset]`, default the dataset itself), in run order, its
+    evidence, with the run's verdicts (`apply_holm`)."""
     datasets = ordered([str(m["dataset"]) for m in metrics])
     base_of = {d: (bases or {}).get(d, d) for d in datasets}
     out = {}
@@ -401,4 +547,12 @@ def gather(
             base, mine, [m for m in metrics if m["dataset"] in mine], data, boot,
             [separations.get(d) for d in mine], [boot.bootstrap_seed, EVIDENCE_STREAM, i],
         )
+    apply_holm(out)
     return out
+
+
+def headline(e: Evidence) -> str:
+    """One line per base dataset: each matched pair's verdict (for the per-dataset sections)."""
+    parts = [f"{p.model} − {p.against} {fmt_gap(p.worst_group)} {p.verdict}" for p in e.matched_pairs()]
+    return "; ".join(parts) if parts else "no matched pair (no generative model or no `evaluate.evidence_matched` in the run)"
+

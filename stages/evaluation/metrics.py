@@ -272,6 +272,96 @@ def bootstrap_indices(g: np.ndarray, resamples: int, seed: int | Sequence[int]) 
         done += b
 
 
+def item_strata(items: np.ndarray, strata: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(item index of every row, the item indices of each stratum) for a cluster bootstrap.
+
+    `items`: (n,) any integer id per row, rows of one source item sharing it (copies of one
+    image); `strata`: (n,) the stratum of every row (its class), which must be one per item.
+    Items are numbered in order of their first row."""
+    items = np.asarray(items, dtype=np.int64)
+    strata = np.asarray(strata, dtype=np.int64)
+    if items.shape != strata.shape or items.ndim != 1 or len(items) == 0:
+        raise ValueError(f"items and strata must be non-empty 1-D arrays of one length, got {items.shape} and {strata.shape}")
+    _, first, inverse = np.unique(items, return_index=True, return_inverse=True)
+    # number items by first appearance, so the draws do not depend on the ids' values
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    row_item = rank[inverse]
+    item_stratum = np.empty(len(first), np.int64)
+    item_stratum[row_item] = strata
+    if np.any(item_stratum[row_item] != strata):
+        bad = int(np.flatnonzero(item_stratum[row_item] != strata)[0])
+        raise ValueError(f"item {int(items[bad])} has rows in more than one stratum (class): a cluster bootstrap needs one per item")
+    return row_item, [np.flatnonzero(item_stratum == s) for s in np.unique(item_stratum)]
+
+
+def cluster_weights(
+    items: np.ndarray, strata: np.ndarray, resamples: int, seed: int | Sequence[int]
+) -> Iterator[np.ndarray]:
+    """Seeded cluster bootstrap stratified by `strata`: chunks of (≤200, n) row multiplicities.
+
+    A resample draws, within each stratum of K_s items, K_s items uniformly with replacement
+    (`rng.integers(0, K_s, (chunk, K_s))`, strata in increasing order) and takes every row of
+    each drawn item as often as it was drawn: row i's weight is its item's count. Used where a
+    test item appears several times (`items`: the source image of each copy), so the copies'
+    shared noise is resampled together instead of counted as independent rows."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be >= 1, got {resamples}")
+    row_item, by_stratum = item_strata(items, strata)
+    n_items = sum(len(s) for s in by_stratum)
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < resamples:
+        b = min(_BOOTSTRAP_CHUNK, resamples - done)
+        counts = np.zeros((b, n_items), np.int64)
+        for members in by_stratum:
+            draw = members[rng.integers(0, len(members), size=(b, len(members)))]
+            flat = (draw + n_items * np.arange(b)[:, None]).ravel()
+            counts += np.bincount(flat, minlength=b * n_items).reshape(b, n_items)
+        yield counts[:, row_item]
+        done += b
+
+
+def resampled_group_hits(
+    correct: np.ndarray,
+    g: np.ndarray,
+    n_groups: int,
+    resamples: int,
+    seed: int | Sequence[int],
+    items: np.ndarray | None = None,
+    strata: np.ndarray | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Chunks of (hits (b, S, n_groups), sizes (b, n_groups)) over resamples of the examples of
+    `correct` (S, n): rows stratified by group (`bootstrap_indices`) without `items`, else whole
+    items stratified by `strata` (`cluster_weights`). Counts are integers (exact, in any order)."""
+    c = _as_seeds(correct)
+    g = np.asarray(g, dtype=np.int64)
+    onehot = np.zeros((len(g), n_groups), np.float64)
+    onehot[np.arange(len(g)), g] = 1.0
+    per_seed = (c[:, :, None] * onehot[None]).transpose(1, 0, 2).reshape(len(g), -1)  # (n, S·G)
+    if items is None:
+        sizes = np.bincount(g, minlength=n_groups).astype(np.float64)
+        for idx in bootstrap_indices(g, resamples, seed):
+            b = len(idx)
+            flat = (g[idx] + n_groups * np.arange(b)[:, None]).ravel()
+            hits = np.stack([np.bincount(flat, weights=c[s][idx].ravel().astype(np.float64), minlength=b * n_groups)
+                             .reshape(b, n_groups) for s in range(c.shape[0])], axis=1)
+            yield hits, np.broadcast_to(sizes, (b, n_groups))
+        return
+    for w in cluster_weights(items, g if strata is None else strata, resamples, seed):
+        wf = w.astype(np.float64)
+        yield (wf @ per_seed).reshape(len(w), c.shape[0], n_groups), wf @ onehot
+
+
+def metrics_from_hits(hits: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(acc, worst-group acc) per resample of `resampled_group_hits`' chunks, each the mean over
+    the S seeds; a group with no example in a resample never enters the min."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        gacc = np.where(sizes[:, None, :] > 0, hits / sizes[:, None, :], np.inf)
+    acc = (hits.sum(axis=2) / sizes.sum(axis=1)[:, None]).mean(axis=1)
+    return acc, gacc.min(axis=2).mean(axis=1)
+
+
 def group_accuracy_rows(correct: np.ndarray, g: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row of `correct` (b, n) with groups `g` (b, n): counts and accuracies (b, n_groups).
 
@@ -308,6 +398,8 @@ def bootstrap_ci(
     resamples: int,
     seed: int | Sequence[int],
     level: float = 0.95,
+    items: np.ndarray | None = None,
+    strata: np.ndarray | None = None,
 ) -> dict[str, list[float]]:
     """Percentile bootstrap intervals for accuracy and worst-group accuracy.
 
@@ -321,6 +413,9 @@ def bootstrap_ci(
             group-size-weighted mean of its group accuracies (the split's own mix).
         resamples, seed: the resampling (see `bootstrap_indices`).
         level: central coverage of the interval.
+        items, strata: where a test item appears several times (copies of one image), its
+            source item per row and the stratum (class) of each: whole items are resampled
+            within each stratum instead (`cluster_weights`; group sizes then vary).
 
     Returns {"acc": [lo, hi], "worst_group_acc": [lo, hi]}.
     """
@@ -331,6 +426,13 @@ def bootstrap_ci(
     if c.shape[1] != len(g):
         raise ValueError(f"correct has {c.shape[1]} examples, g has {len(g)}")
     accs, wgas = [], []
+    if items is not None:
+        for hits, sizes in resampled_group_hits(c, g, n_groups, resamples, seed, items, strata):
+            acc, wga = metrics_from_hits(hits, sizes)
+            accs.append(acc)
+            wgas.append(wga)
+        return {"acc": percentile_interval(np.concatenate(accs), level),
+                "worst_group_acc": percentile_interval(np.concatenate(wgas), level)}
     for idx in bootstrap_indices(g, resamples, seed):
         # Stratified: g[idx] == g on every row.
         acc, wga = _seed_mean_metrics(c[:, idx].transpose(1, 0, 2), np.broadcast_to(g, idx.shape), n_groups)
@@ -357,13 +459,15 @@ def paired_bootstrap(
     resamples: int,
     seed: int | Sequence[int],
     level: float = 0.95,
+    items: np.ndarray | None = None,
+    strata: np.ndarray | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Is model A better than model B on the same examples? A paired bootstrap of A − B.
 
     `correct_a` / `correct_b`: (n,) or (S, n) booleans on the same n examples in the same
     order (seeds averaged as in `bootstrap_ci`). Every resample of examples (stratified by
-    group, `bootstrap_indices`) is scored for both models, so the per-example pairing cancels
-    the shared difficulty of examples.
+    group, `bootstrap_indices`; whole source items with `items`, as in `bootstrap_ci`) is
+    scored for both models, so the per-example pairing cancels the shared difficulty of examples.
 
     Returns, for "acc" and "worst_group_acc": {diff, ci: [lo, hi], p_value, significant},
     with diff the point estimate A − B, ci its percentile interval, p_value the two-sided
@@ -377,7 +481,14 @@ def paired_bootstrap(
     point_a = _seed_mean_metrics(a[None], g[None], n_groups)
     point_b = _seed_mean_metrics(b[None], g[None], n_groups)
     diffs: dict[str, list[np.ndarray]] = {"acc": [], "worst_group_acc": []}
-    for idx in bootstrap_indices(g, resamples, seed):
+    if items is not None:  # whole source items resampled (`bootstrap_ci`), both models on the same draw
+        both = np.concatenate([a, b])
+        for hits, sizes in resampled_group_hits(both, g, n_groups, resamples, seed, items, strata):
+            ma = metrics_from_hits(hits[:, : len(a)], sizes)
+            mb = metrics_from_hits(hits[:, len(a) :], sizes)
+            diffs["acc"].append(ma[0] - mb[0])
+            diffs["worst_group_acc"].append(ma[1] - mb[1])
+    for idx in bootstrap_indices(g, resamples, seed) if items is None else ():
         groups = np.broadcast_to(g, idx.shape)  # stratified: g[idx] == g
         ma = _seed_mean_metrics(a[:, idx].transpose(1, 0, 2), groups, n_groups)
         mb = _seed_mean_metrics(b[:, idx].transpose(1, 0, 2), groups, n_groups)

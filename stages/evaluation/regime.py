@@ -378,11 +378,14 @@ def expected_use(sep: Mapping[str, Any] | None) -> str | None:
 
 
 def predicted_direction(sep: Mapping[str, Any] | None) -> str:
-    """What the separation dict predicts about generative against discriminative classifiers."""
+    """What the separation dict says of the population rules: a description of the data (the
+    Bayes-optimal LDA rule against population logistic regression), not a prediction about the
+    fitted models, which the evidence compares (docs/metrics.md)."""
     use, why = regime_call(sep)
     if use is None:
-        return f"no prediction: {why}"
-    return f"a likelihood (generative) classifier is expected to use the shortcut {use} than a discriminative one"
+        return f"no call: {why}"
+    return (f"in the population, the LDA rule uses the cue {use} than logistic regression "
+            "(a description of the data, not a prediction about the fitted models)")
 
 
 def describe(sep: Mapping[str, Any] | None) -> str:

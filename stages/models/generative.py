@@ -52,7 +52,8 @@ class GenerativeFitOptions(FitOptions):
         """From a `GenerativeFitConfig` (or a subclass; a namespace without `patience`, as the
         benchmarks build, trains every epoch)."""
         return cls(lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, selection=cfg.selection,
-                   weight_decay=cfg.weight_decay, eval_every=cfg.eval_every, patience=getattr(cfg, "patience", 0))
+                   weight_decay=cfg.weight_decay, eval_every=cfg.eval_every, patience=getattr(cfg, "patience", 0),
+                   min_epochs=getattr(cfg, "min_epochs", 0))
 
 
 def fit_generative(

@@ -147,7 +147,9 @@ def convergence(
         improvement = (fitted start − fitted end) / |fitted start|     (> 0: still falling)
 
     Flags: "may be under-trained" when the line falls significantly (one-sided t-test of the
-    slope, p < `alpha`) by more than `gain`; `overfitting` when it rises significantly (p <
+    slope, p < `alpha`) by more than `gain` and the window reaches a new low (a fall whose every
+    value stays above the lowest one before the window — the best epoch came earlier and was
+    not regained — is "plateaued"); `overfitting` when it rises significantly (p <
     `alpha`) by more than `gain` (the flag is then "plateaued": more epochs would not help);
     else "plateaued". No val objective, or E < w -> "n/a". `budget` (the epochs allowed) and
     `stopped` ("plateau": training stopped on this test; "budget": it ran every epoch allowed)
@@ -176,7 +178,16 @@ def convergence(
     falling = fit.p_falling < alpha and improvement > gain
     rising = fit.p_rising < alpha and -improvement > gain
     span = f"the last {w} of {n} epochs"
-    if falling:
+    # A fall that does not get back to the lowest value seen before the window is a recovery from
+    # a later rise, not a model short of epochs: more of them have not beaten that epoch so far.
+    before = min(curve[: n - w], default=math.inf)
+    not_regained = falling and min(curve[n - w :]) > before
+    if not_regained:
+        falling = False
+        why = (f"no new low: the val objective's line over {span} fell {improvement:.1%} "
+               f"(one-sided p = {fit.p_falling:.2g}), but its lowest value, at epoch {out['best_epoch']}, "
+               "came before the window and was not regained")
+    elif falling:
         why = (f"val objective still falling: its least-squares line over {span} fell {improvement:.1%} "
                f"(one-sided p = {fit.p_falling:.2g} < {alpha:g}, more than {gain:.0%})")
     elif rising:

@@ -43,7 +43,12 @@ class JTTConfig(MLPFitConfig):
     """Just Train Twice: an ERM run's train errors upsampled (λ extra copies, or weight λ) in a second
     run of the same backbone."""
 
-    id_epochs: int = option("epochs of the ERM identification run (its last epoch is used)")
+    id_epochs: int = option("epochs of the ERM identification run, T (its last epoch is used); with id_epochs_grid: unused")
+    id_epochs_grid: list[int] = option(
+        "T tuned as the authors do: one whole JTT run per value, the one whose selected model scores best on the "
+        "selection criterion (val worst-group as published) is kept (ties: the smaller T; config.json records every "
+        "value) ([] = id_epochs, untuned)"
+    )
     upweight: float = option(
         "λ: copies: each identified error is added λ more times (published --up_weight; a whole number) | "
         "weight: its loss weight (1 = plain ERM)"
@@ -56,6 +61,8 @@ class JTTConfig(MLPFitConfig):
     def check(self, c: Checks) -> None:
         super().check(c)
         c.require(self.id_epochs >= 1, "id_epochs", f"must be >= 1, got {self.id_epochs}")
+        c.require(all(t >= 1 for t in self.id_epochs_grid) and len(set(self.id_epochs_grid)) == len(self.id_epochs_grid),
+                  "id_epochs_grid", f"must be distinct epochs >= 1, got {list(self.id_epochs_grid)}")
         c.choice(self.upsample, "upsample", list(UPSAMPLES))
         if self.upsample == "copies":
             c.require(self.upweight >= 0 and float(self.upweight).is_integer(), "upweight",
@@ -146,6 +153,32 @@ def identify_errors(
 
 
 def train(job: TrainJob) -> Trained:
+    """JTT at T = `id_epochs`, or tuned over `id_epochs_grid` as the authors tune it (Liu et al.
+    2021, §4 and Appendix: T and λ chosen on the val worst-group accuracy of the final model):
+    one whole run per T from the same seed, the run whose selected checkpoint scores best on the
+    selection criterion (`selection`; val_worst_group as published) kept (ties: the smaller T).
+    config.json's `jtt.tuning` records the grid, every T's score and the chosen T."""
+    from stages.models.history import SELECTION_METRIC
+
+    cfg = job.cfg
+    if not cfg.id_epochs_grid:
+        return train_once(job)
+    runs = []
+    for t in cfg.id_epochs_grid:
+        one = dataclasses.replace(job, cfg=dataclasses.replace(cfg, id_epochs=t, id_epochs_grid=[]))
+        runs.append((t, train_once(one)))
+    split, metric = SELECTION_METRIC[cfg.selection]  # the run's own selection criterion (published: val worst-group)
+    scores = {t: float(r.metrics[split][metric]) for t, r in runs}
+    chosen, best = max(runs, key=lambda tr: (scores[tr[0]], -tr[0]))
+    best.record["jtt"]["tuning"] = {
+        "grid": list(cfg.id_epochs_grid), "criterion": f"{split} {metric} of the selected checkpoint ({cfg.selection})",
+        "scores": {str(t): v for t, v in scores.items()}, "chosen_id_epochs": chosen,
+    }
+    best.how += f"; T = {chosen} chosen over {list(cfg.id_epochs_grid)} on {split} {metric}"
+    return best
+
+
+def train_once(job: TrainJob) -> Trained:
     """The identification run (not checkpointed: short and deterministic), then the second run
     on train with the errors upsampled (`upsample`); config.json records the identification
     under `jtt`."""

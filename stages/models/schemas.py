@@ -21,6 +21,10 @@ class GenerativeFitConfig:
         "stop once the plateau test of the under-training flag (docs/metrics.md) finds the val objective "
         "plateaued at this many epochs in a row (0 = train every epoch of the budget)"
     )
+    min_epochs: int = option(
+        "the minimum budget: the plateau test never stops training before this epoch (0 = from the first "
+        "epoch it can judge); a model at chance is not 'plateaued' (the report calls it 'failed to learn')"
+    )
     batch_size: int = option("minibatch size")
     selection: str = option("checkpoint selection: val_avg | val_worst_group | oracle")
     eval_every: int = option("score the splits (for selection and history) every N epochs, at the last and where training stops")
@@ -33,6 +37,8 @@ class GenerativeFitConfig:
     def check(self, c: Checks) -> None:
         c.minibatch(self)
         c.require(self.patience >= 0, "patience", f"must be >= 0 (0 = no early stop), got {self.patience}")
+        c.require(0 <= self.min_epochs <= self.epochs, "min_epochs",
+                  f"must be in [0, epochs = {self.epochs}], got {self.min_epochs}")
         c.require(self.eval_every >= 1, "eval_every", f"must be >= 1, got {self.eval_every}")
 
 

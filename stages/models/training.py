@@ -309,6 +309,7 @@ class FitOptions:
     optimizer: str = "adamw"  # stages.core.schema.OPTIMIZERS
     momentum: float = 0.9  # sgd only
     patience: int = 0  # stop on the plateau test after this many plateaued epochs in a row (0: run every epoch)
+    min_epochs: int = 0  # never stop on the plateau test before this epoch (a minimum budget)
 
     @classmethod
     def from_config(cls, cfg: Any) -> FitOptions:
@@ -523,7 +524,8 @@ def fit_loop(
     with stop_requests() if checkpoint is not None else nullcontext(StopRequest()) as stop:
         stopped = "budget"
         # A checkpoint written at the epoch the plateau test stopped on: that run is complete.
-        if opts.patience and 1 < start <= opts.epochs and plateau_stop(val_objective_curve(rows), opts.patience):
+        if (opts.patience and 1 < start <= opts.epochs and start - 1 >= opts.min_epochs
+                and plateau_stop(val_objective_curve(rows), opts.patience)):
             stopped, start = "plateau", opts.epochs + 1
         bar = progress(range(start, opts.epochs + 1), desc=desc, total=opts.epochs - start + 1, unit="epoch")
         for epoch in bar:
@@ -542,7 +544,7 @@ def fit_loop(
             if "val" in splits:
                 given = metrics["val"].pop("objective", None) if "val" in metrics else None
                 objective["val"] = given if given is not None else val_objective() if val_objective is not None else None
-            if opts.patience and objective.get("val") is not None and epoch < opts.epochs:
+            if opts.patience and objective.get("val") is not None and opts.min_epochs <= epoch < opts.epochs:
                 curve = [*val_objective_curve(rows), objective["val"]]
                 if plateau_stop(curve, opts.patience):
                     stopped = "plateau"

@@ -19,6 +19,7 @@ from stages.core.io import (
 )
 from stages.core.settings import EvaluateConfig
 from stages.evaluation.comparison import (
+    FAILED_TO_LEARN,
     ERReference,
     ModelSummary,
     RunData,
@@ -32,7 +33,7 @@ from stages.evaluation.comparison import (
     regime_note,
     student_numbers,
 )
-from stages.evaluation.evidence import Evidence, fmt_gap, gather, overfitting_flag
+from stages.evaluation.evidence import GROUP_AWARE, MATCHED, Evidence, fmt_gap, gather, headline, overfitting_flag
 from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
 from stages.reporting import figures
 from stages.reporting.phase_section import phase_section
@@ -80,7 +81,8 @@ two or more seeds; [brackets]: 95% bootstrap interval over test examples):
 - **training**: the plateau test of the model's own training objective on `val` (docs/metrics.md):
   *may be under-trained* while it still falls, else *plateaued*; *may be over-fitting* when it
   rises; the figure is the fitted change over the test's window (the largest over seeds).
-  *n/a*: fitted without epochs.
+  *failed to learn*: val balanced accuracy within `evaluate.learned_margin` of chance (no
+  comparison is made with it). *n/a*: fitted without epochs.
 
 Exact definitions: `docs/metrics.md`. Every seed and split is in `data/reports/leaderboard.parquet`.
 """
@@ -126,6 +128,9 @@ def _fmt_er(s: ModelSummary) -> str:
 def _convergence_cell(s: ModelSummary) -> str:
     """The under-training flag of a model: flagged if any seed is, with the largest improvement of
     the val objective over the check's window (and how many seeds were flagged, of several)."""
+    failed = [c for c in s.convergence if c["flag"] == FAILED_TO_LEARN]
+    if failed:  # at chance on val: no plateau to speak of
+        return "**failed to learn**" + (f" ({len(failed)}/{len(s.convergence)} seeds)" if len(s.convergence) > 1 else "")
     checked = [c for c in s.convergence if c["flag"] != "n/a"]
     if not checked:
         return "n/a"
@@ -446,32 +451,48 @@ def _intro_html() -> str:
     return "".join(html)
 
 
-EVIDENCE_HEADER = ["dataset", "replicates", "predicted (regime)", "OOD worst-group gap", "ID→OOD drop gap", "verdict",
-                   "smallest test group (ID / OOD)"]
+EVIDENCE_HEADER = ["dataset", "comparison", "pair", "replicates", "OOD worst-group gap", "ID→OOD drop gap", "verdict"]
 EVIDENCE_INTRO = (
-    "Per base dataset, the gap **generative − reference**: the mean over the generative models minus the mean over "
-    "the discriminative reference family (`evaluate.evidence_reference`), in OOD worst-group accuracy (> 0: higher for "
-    "the generative models where the shortcut breaks) and in the ID→OOD accuracy drop (< 0: they lose less), "
-    "per replicate — one (dataset, seed) run of every compared model; a dataset redrawn per seed counts each draw "
-    "as a replicate of its base — and averaged over them. [brackets]: 95% two-level bootstrap interval (replicates "
-    "resampled, then the test examples within each group). A verdict (a winner, and whether the regime "
-    "predicted it) only with 2 or more replicates and a worst-group interval that excludes 0; else **not "
-    "distinguishable**, with the seeds a power estimate asks for. Definitions: docs/metrics.md, \"Evidence over "
-    "replicates\"."
+    "Each generative model against plain ERM (`evaluate.evidence_matched`: the same inputs, no group labels) is the "
+    "**matched** comparison the question asks; against the other models of `evaluate.evidence_reference` (robust "
+    "methods that use group labels or an error set) it is a "
+    "second, **group-aware** comparison. Per replicate — one (dataset, seed) run of every compared model; a dataset "
+    "redrawn per seed counts each draw as a replicate of its base — the gap *generative − other* in test_ood "
+    "worst-group accuracy (> 0: the generative model holds up better where the shortcut breaks) and in the ID→OOD "
+    "accuracy drop (< 0: it loses less, i.e. leans on the shortcut less; a higher worst-group with an equal drop is "
+    "*better overall*, not *less shortcut*), averaged over the replicates. [brackets]: 95% t interval on R − 1 "
+    "degrees of freedom, with the test examples' sampling variance added where the replicates share a test split "
+    "(whole source items resampled where a test image is repeated). A winner only with 2 or more replicates and a "
+    "p-value that survives **Holm's correction** over the run's comparisons of the same kind; a pair with a model "
+    "that **failed to learn** is blocked. Definitions: docs/metrics.md, \"Evidence over replicates\"."
 )
 
 
 def evidence_section(evidence: dict[str, Evidence]) -> tuple[list[str], list[list[str]], list[str]]:
-    """(intro lines, table rows, one note per base dataset) of the report's evidence section."""
+    """(intro lines, table rows, one note per base dataset) of the report's evidence section:
+    the matched pairs of every base dataset first, then the group-aware ones."""
     rows, notes = [], []
+    for kind in (MATCHED, GROUP_AWARE):
+        for base, e in evidence.items():
+            for p in e.pairs:
+                if p.comparison == kind:
+                    rows.append([base, kind, f"{p.model} − {p.against}", str(p.replicates), fmt_gap(p.worst_group),
+                                 fmt_gap(p.drop), p.verdict_text()])
     for base, e in evidence.items():
         small = e.smallest_group
-        rows.append([base, str(len(e.replicates)), e.prediction or "no call (the regime line under each dataset says why)", fmt_gap(e.gap_worst_group),
-                     fmt_gap(e.gap_drop), e.verdict_text(), f"{small.get('test_id', '—')} / {small.get('test_ood', '—')}"])
-        families = (f"generative: {', '.join(e.generative) or 'none'}; reference: {', '.join(e.reference) or 'none'}"
-                    + (f" (not in this run: {', '.join(e.absent_reference)})" if e.absent_reference else ""))
+        absent = f" (not in this run: {', '.join(e.absent_reference)})" if e.absent_reference else ""
         datasets = "" if e.datasets == [base] else f" Replicates: {', '.join(e.datasets)}."
-        notes.append(f"**{base}** — {families}.{datasets} {e.note}".rstrip())
+        split = " The replicates share one test split: its sampling variance is in every interval." if e.shared_split else ""
+        family = ""
+        if e.family:
+            family = (f" Family summary (not a verdict): generative mean − reference mean {fmt_gap(e.family['worst_group'])} "
+                      f"worst-group, {fmt_gap(e.family['drop'])} drop.")
+        regime = f" Regime (a description of the data, not a prediction): {e.regime}." if e.regime else ""
+        failed = f" Failed to learn: {', '.join(e.failed)}." if e.failed else ""
+        notes.append(f"**{base}** — reference: {', '.join(e.reference) or 'none'}{absent}; smallest group "
+                     f"val {small.get('val', '—')}, test_id {small.get('test_id', '—')}, test_ood {small.get('test_ood', '—')}."
+                     f"{datasets}{split}{family}"
+                     f"{regime}{failed} {e.note}".rstrip())
     return [EVIDENCE_INTRO], rows, notes
 
 
@@ -545,8 +566,8 @@ def build_report(
         regime, regime_numbers = regime_note(sep, source, summaries, boot.evidence_reference)
         e = evidence[(bases or {}).get(dataset, dataset)]
         n = len(e.replicates)
-        regime += (f" **Evidence** over {n} replicate{'s' if n != 1 else ''} of {e.base}: worst-group gap "
-                   f"{fmt_gap(e.gap_worst_group)}, {e.verdict_text()} (the evidence section above).")
+        regime += (f" **Evidence** over {n} replicate{'s' if n != 1 else ''} of {e.base}, matched pairs: "
+                   f"{headline(e)} (the evidence section above).")
         groups = (f"Smallest group: test_id {smallest['test_id']}, test_ood {smallest['test_ood']} examples "
                   "(a worst-group accuracy moves in steps of 1/size).")
         md += [f"## {dataset}", "", regime, "", groups, "", *_markdown_table(head, rows), "", er_note, "", takeaway, ""]
@@ -586,6 +607,7 @@ def build_report(
                 **({"effective_robustness_ci": s.effective_robustness_ci} if s.effective_robustness_ci is not None else {}),
                 **({"effective_robustness_extrapolated": s.extrapolated} if s.effective_robustness is not None else {}),
                 **({"shortcut_gap": s.shift["gap"]} if s.shift.get("gap") is not None else {}),
+                **({"scoring": s.cost["scoring"]} if (s.cost or {}).get("scoring") else {}),
             }
             for s in summaries
         }
@@ -623,4 +645,4 @@ def build_report(
         + "".join(html)
         + "<p><small>Definitions: docs/metrics.md. Every number can be recomputed from data/predictions.</small></p></body></html>\n"
     )
-    return Report(leaderboard(metrics), markdown, page, summary, plots, svgs)
+    return Report(leaderboard(metrics, boot.learned_margin), markdown, page, summary, plots, svgs)
