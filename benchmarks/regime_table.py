@@ -81,7 +81,7 @@ def separation_cells(sep: dict[str, float | None] | None) -> list[str]:
 def predicted(sep: dict[str, float | None] | None) -> str:
     """The regime the separation dict calls (`stages.evaluation.regime.regime_call`), in a few words."""
     use, why = regime_call(sep)
-    return f"no call: {why}" if use is None else f"generative uses the shortcut {use}"
+    return f"no call: {why}" if use is None else f"population LDA uses the cue {use} (a description, not a prediction)"
 
 
 def observed(regime: dict[str, float]) -> str:

@@ -431,7 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InspectError as e:
         print(f"inspect: error: {printable(str(e).splitlines()[0][:MAX_TEXT * 2] if str(e) else type(e).__name__)}", file=sys.stderr)
         return 2
-    print(json.dumps(info, indent=2, default=str) if args.json else printable(render(info)))
+    try:
+        print(json.dumps(info, indent=2, default=str) if args.json else printable(render(info)))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader has what it wanted; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would raise again
+        return 0
     return 0
 
 

@@ -69,9 +69,17 @@ def test_bad_values_name_their_key(params, override, key, reason):
     assert key in msg and reason in msg, msg
 
 
-def test_unknown_override_key_is_rejected():
-    with pytest.raises(ConfigError, match="unknown key 'method.erm.lrr'"):
+def test_unknown_override_key_is_rejected_with_the_way_to_a_key_that_exists():
+    """The hint points at what params.yaml has (it said "prefix with +", which schema validation
+    then refuses): the closest key where there is one, else the section's keys."""
+    with pytest.raises(ConfigError, match=r"unknown key 'method.erm.lrr'; did you mean 'method.erm.lr'\?$"):
         load_params(ROOT / "params.yaml", ["method.erm.lrr=0.1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'methd.erm.lr'; did you mean 'method.erm.lr'\?$"):
+        load_params(ROOT / "params.yaml", ["methd.erm.lr=0.1"])
+    with pytest.raises(ConfigError, match=r"\(the keys of method.erm: kind, init, .*\)$"):
+        load_params(ROOT / "params.yaml", ["method.erm.zzzzzz=1"])
+    with pytest.raises(ConfigError, match=r"'method.erm.lr' is a value, not a section$"):
+        load_params(ROOT / "params.yaml", ["method.erm.lr.x=1"])
 
 
 def test_unknown_method_names_known_ones(params):

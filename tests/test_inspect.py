@@ -150,3 +150,20 @@ def test_dvc_lock_is_parsed_once_while_it_is_unchanged_and_again_after_a_rewrite
     again = read_lock(project)
     assert again is not first and "extra" in again["stages"]
     assert read_lock(project / "nowhere") is None
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(project: Path) -> None:
+    """`python -m pipeline.inspect data | head -2`: the reader closes the pipe after two lines;
+    inspect ends quietly with 0 (it was a BrokenPipeError traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    for i in range(3000):  # a listing well past a pipe's buffer, so the writer meets the closed pipe
+        (project / "data" / "many" / f"file-with-a-long-name-{i:05d}.json").parent.mkdir(exist_ok=True)
+        (project / "data" / "many" / f"file-with-a-long-name-{i:05d}.json").write_text("{}")
+    done = subprocess.run(f"'{sys.executable}' -m pipeline.inspect data | head -1; exit ${{PIPESTATUS[0]}}", shell=True,
+                          executable="/bin/bash", cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("data") and done.stderr == "", (done.returncode, done.stderr)

@@ -306,6 +306,8 @@ def test_missing_column_names_file_and_column(
         ("celeba", "list_attr_celeba.csv", "Male", "0"),
         ("camelyon17", "metadata.csv", "tumor", "-1"),
         ("civilcomments", "all_data_with_identities.csv", "toxicity", "1.5"),
+        ("civilcomments", "all_data_with_identities.csv", "toxicity", ""),  # a missing label was read as class 0
+        ("civilcomments", "all_data_with_identities.csv", "toxicity", "NaN"),
     ],
 )
 def test_label_outside_its_domain_names_the_row(
@@ -319,7 +321,8 @@ def test_label_outside_its_domain_names_the_row(
     _write_csv(path, rows[0], rows[1:])
     assert prepare(dataset) == 2
     err = capsys.readouterr().err
-    assert f"{path}: row 3 (line 4): column '{column}' is" in err and value in err
+    shown = "empty" if value in ("", "NaN") else value  # the CSV reader's nulls
+    assert f"{path}: row 3 (line 4): column '{column}' is" in err and shown in err
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,29 @@ def load_yaml(path: Path, omit: Sequence[str] = ()) -> DictConfig:
 NOT_READ_BY_STAGES = ("dag",)
 
 
+def _nearest_key(cfg: DictConfig, key: str) -> str:
+    """The way to a key that exists: at the first part of `key` params.yaml lacks, '; did you
+    mean ...?' with the closest key of that section (difflib), else the section's keys."""
+    import difflib
+
+    parts = key.split(".")
+    section: Any = cfg
+    for i, part in enumerate(parts):
+        if not isinstance(section, DictConfig):
+            return f"; '{'.'.join(parts[:i])}' is a value, not a section"
+        if part in section:
+            section = section[part]
+            continue
+        parent = ".".join(parts[:i])
+        keys = [str(k) for k in section.keys()]
+        close = difflib.get_close_matches(part, keys, n=1)
+        if close:
+            return f"; did you mean '{'.'.join([*parts[:i], close[0], *parts[i + 1 :]])}'?"
+        shown = ", ".join(keys[:12]) + (", ..." if len(keys) > 12 else "")
+        return f" (the keys of {parent or 'params.yaml'}: {shown})"
+    return ""
+
+
 def load_params(path: str | Path = PARAMS, overrides: Sequence[str] = ()) -> DictConfig:
     """Read params.yaml (without NOT_READ_BY_STAGES) and apply `key=value` overrides (the hand-run path)."""
     path = Path(path)
@@ -127,7 +150,7 @@ def load_params(path: str | Path = PARAMS, overrides: Sequence[str] = ()) -> Dic
         key, value = ov.split("=", 1)
         key = key.lstrip("+")
         if OmegaConf.select(cfg, key, default="__missing__") == "__missing__" and not ov.startswith("+"):
-            raise ConfigError(f"override '{ov}': unknown key '{key}' (prefix with + to add a new key)")
+            raise ConfigError(f"override '{ov}': unknown key '{key}'{_nearest_key(cfg, key)}")
         try:
             OmegaConf.update(cfg, key, OmegaConf.create({"v": _parse_value(value)}).v, merge=False, force_add=True)
         except OmegaConfBaseException as e:

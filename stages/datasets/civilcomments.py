@@ -78,7 +78,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
 
     csv = cfg.check_files(dataset)[FILE]
     df = raw.read_csv(csv, cfg.raw_files()[FILE], optional=("id",))
-    y = (raw.score_column(df, "toxicity", csv) >= cfg.threshold).astype(np.int64)
+    y = (raw.score_column(df, "toxicity", csv, required=True) >= cfg.threshold).astype(np.int64)
     identity = np.stack([raw.score_column(df, c, csv) for c in cfg.identities], axis=1)
     a = (identity >= cfg.threshold).any(axis=1).astype(np.int64)
     names = raw.text_column(df, "split")

@@ -149,12 +149,14 @@ def int_column(table: Any, column: str, path: Path, domain: Sequence[int] | None
     return values.astype(np.int64)
 
 
-def score_column(table: Any, column: str, path: Path) -> np.ndarray:
-    """A [0, 1] score column as float64; empty values read as 0, anything else out of range names its row."""
+def score_column(table: Any, column: str, path: Path, required: bool = False) -> np.ndarray:
+    """A [0, 1] score column as float64; empty values (the CSV reader's nulls: "", NaN, ...) read
+    as 0 — unless `required` (a label: an empty one is an error naming its row, never class 0);
+    anything else out of range names its row."""
     values = _numbers(table, column)
     empty = np.asarray(table.column(column).is_null().combine_chunks().to_numpy(zero_copy_only=False), dtype=bool)
-    bad = (~empty & ~np.isfinite(values)) | (values < 0) | (values > 1)
-    _raise_on_bad(bad, table, column, path, "a score in [0, 1] (or empty)")
+    bad = (~empty & ~np.isfinite(values)) | (values < 0) | (values > 1) | (empty if required else False)
+    _raise_on_bad(bad, table, column, path, "a score in [0, 1]" + ("" if required else " (or empty)"))
     return np.nan_to_num(values, nan=0.0)
 
 
@@ -168,8 +170,9 @@ def _raise_on_bad(bad: np.ndarray, table: Any, column: str, path: Path, expected
         rows = np.flatnonzero(bad)
         first = int(rows[0])
         value = table.column(column)[first].as_py()
+        shown = "empty" if value is None else repr(value)  # the CSV reader's nulls: "", NaN, N/A, ...
         raise ArtifactError(
-            f"{path}: row {first + 1} (line {first + 2}): column '{column}' is {value!r}, "
+            f"{path}: row {first + 1} (line {first + 2}): column '{column}' is {shown}, "
             f"expected {expected}; {len(rows)} row(s) like this. The file looks edited or from "
             f"another release: re-download it (see {DOCS})"
         )
