@@ -45,11 +45,14 @@ _REPO = str(Path(__file__).resolve().parents[1])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+
+# pipeline.flows first: it turns Prefect's telemetry off (PREFECT_SERVER_ANALYTICS_ENABLED) before
+# Prefect is imported, whose settings are read once, at import (imported first, the sweep's
+# temporary server tried to send telemetry).
+from pipeline.flows import Refused, compose_error, dvc_bin, tool_env  # noqa: E402, I001
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from pipeline.flows import Refused, compose_error, dvc_bin, tool_env  # noqa: E402
 from pipeline.publish import artifact_key  # noqa: E402
 
 SWEEPS_DIR = Path("data") / "reports" / "sweeps"

@@ -24,7 +24,12 @@ from stages.evaluation.evidence import (
     seeds_needed,
     t_interval,
 )
-from stages.evaluation.metrics import bootstrap_ci, cluster_weights, item_strata, resampled_group_hits
+from stages.evaluation.metrics import (
+    bootstrap_ci,
+    cluster_weights,
+    item_strata,
+    resampled_group_hits,
+)
 from stages.reporting import render
 
 PAIR_KEYS = {"model", "against", "comparison", "replicates", "worst_group", "drop", "p_value", "p_holm", "verdict", "flags"}
@@ -167,7 +172,7 @@ def _experiment(rng: np.random.Generator, tau: float, shared: bool, repeated: bo
     """One experiment of R replicates, generative vs erm: (the mean gap, its two-sided p-value)."""
     tests, reps, zs = [], [], []
     gain = np.array([0.0, effect, effect, 0.0])
-    for r in range(replicates):
+    for _ in range(replicates):
         if shared and tests:
             t_index = 0
         else:

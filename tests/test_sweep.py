@@ -156,3 +156,17 @@ def test_second_sweep_on_a_dask_cluster_reuses_finished_points(first_sweep, repo
     again = [{k: r[k] for k in metrics} for r in rows if r["status"] == "reused"]
     before = [{k: r[k] for k in metrics} for r in first if r["method.lda.shrinkage"] in ("0.2", "0.4")]
     assert again == before
+
+
+@pytest.mark.parametrize("module", ["pipeline.sweep", "pipeline.flows"])
+def test_prefect_telemetry_is_off_whatever_the_environment(module: str) -> None:
+    """Prefect reads its settings once, at import: a module that imported it before turning its
+    telemetry off left the temporary server's telemetry service on (it tried the network)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_ANALYTICS_ENABLED", "DO_NOT_TRACK")}
+    code = (f"import {module}\nfrom prefect.settings import get_current_settings\n"
+            "print(get_current_settings().server.analytics_enabled)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False", out

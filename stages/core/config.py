@@ -122,7 +122,7 @@ def _nearest_key(cfg: DictConfig, key: str) -> str:
             section = section[part]
             continue
         parent = ".".join(parts[:i])
-        keys = [str(k) for k in section.keys()]
+        keys = [str(k) for k in section]
         close = difflib.get_close_matches(part, keys, n=1)
         if close:
             return f"; did you mean '{'.'.join([*parts[:i], close[0], *parts[i + 1 :]])}'?"

@@ -64,7 +64,7 @@ from stages.evaluation.comparison import (
     run_convergence,
     smallest_groups,
 )
-from stages.evaluation.metrics import group_accuracies, metrics_from_hits, resampled_group_hits
+from stages.evaluation.metrics import group_accuracies, resampled_group_hits
 from stages.evaluation.regime import expected_use
 
 # Bootstrap streams of the evidence: [bootstrap_seed, EVIDENCE_STREAM, base dataset index, ...],

@@ -33,7 +33,15 @@ from stages.evaluation.comparison import (
     regime_note,
     student_numbers,
 )
-from stages.evaluation.evidence import GROUP_AWARE, MATCHED, Evidence, fmt_gap, gather, headline, overfitting_flag
+from stages.evaluation.evidence import (
+    GROUP_AWARE,
+    MATCHED,
+    Evidence,
+    fmt_gap,
+    gather,
+    headline,
+    overfitting_flag,
+)
 from stages.evaluation.shift import REGENERATE_ROUTE, REWEIGHT_ROUTE
 from stages.reporting import figures
 from stages.reporting.phase_section import phase_section
