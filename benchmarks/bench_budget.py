@@ -74,9 +74,8 @@ def half_widths(summary: dict[str, Any] | None) -> dict[tuple[str, str], float]:
     out = {}
     for base, e in (summary or {}).get("_evidence", {}).items():
         for p in e.get("pairs", []):
-            g = p.get("worst_group") or {}
-            if p.get("comparison") == "matched" and g.get("low") is not None:
-                out[(base, p["model"])] = (g["high"] - g["low"]) / 2
+            if p.get("comparison") == "matched" and p.get("low") is not None:
+                out[(base, p["generative"])] = (p["high"] - p["low"]) / 2
     return out
 
 

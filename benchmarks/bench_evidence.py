@@ -153,7 +153,7 @@ def table(summary: dict[str, Any]) -> str:
                 if p.get("seeds_needed"):  # the power estimate, where the report gives one
                     verdict += f"; ~{p['seeds_needed']} seeds would tell"
                 flags = "; ".join(p.get("flags") or []) or "none"
-                lines.append(f"| {base} | {regime} | {p['model']} − {p['against']} | {_gap(p.get('worst_group'))} | "
+                lines.append(f"| {base} | {regime} | {p['generative']} − {p['reference']} | {_gap(p)} | "
                              f"{_gap(p.get('drop'))} | {verdict} | {p.get('replicates', '?')} | {flags} |")
         out.append("\n".join(lines))
     failed = [f"{n}: {', '.join(e['failed_to_learn'])}" for n, e in evidence.items() if e.get("failed_to_learn")]

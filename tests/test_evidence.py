@@ -32,7 +32,8 @@ from stages.evaluation.metrics import (
 )
 from stages.reporting import render
 
-PAIR_KEYS = {"model", "against", "comparison", "replicates", "worst_group", "drop", "p_value", "p_holm", "verdict", "flags"}
+PAIR_KEYS = {"generative", "reference", "comparison", "replicates", "estimate", "low", "high", "drop", "p_value", "p_holm",
+             "verdict", "flags"}
 
 
 # ---- the interval --------------------------------------------------------------------------------
@@ -279,8 +280,9 @@ def test_default_run_with_one_seed_is_not_distinguishable_and_says_why() -> None
     assert e["seeds"] == 1 and {p["verdict"] for p in e["pairs"]} == {"not distinguishable"}
     assert all(set(p) >= PAIR_KEYS for p in e["pairs"])
     matched = [p for p in e["pairs"] if p["comparison"] == "matched"]
-    assert [(p["model"], p["against"]) for p in matched] == [("lda", "erm"), ("qda", "erm")]
-    assert matched[0]["worst_group"]["low"] > 0  # the example-level interval alone excludes 0 ...
+    assert [(p["generative"], p["reference"]) for p in matched] == [("lda", "erm"), ("qda", "erm")]
+    assert matched[0]["low"] > 0  # the example-level interval alone excludes 0 ...
+    assert set(matched[0]["drop"]) == {"estimate", "low", "high"}
     assert matched[0]["p_value"] is None and matched[0]["p_holm"] is None
     assert e["note"].startswith("1 replicate: the interval holds the test examples' sampling noise only")  # ... and says why
     assert "1 replicate: the interval holds" in built.markdown

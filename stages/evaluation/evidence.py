@@ -290,9 +290,10 @@ class Pair:
     shared_split: bool = False
 
     def summary(self) -> dict[str, Any]:
+        """summary.json's pair: the worst-group gap flat (estimate, low, high), the drop's beside it."""
         return {
-            "model": self.model, "against": self.against, "comparison": self.comparison,
-            "replicates": self.replicates, "worst_group": self.worst_group, "drop": self.drop,
+            "generative": self.model, "reference": self.against, "comparison": self.comparison,
+            "replicates": self.replicates, **self.worst_group, "drop": self.drop,
             "df": self.df, "p_value": self.p_value, "p_holm": self.p_holm, "family_size": self.family_size,
             "verdict": self.verdict, "flags": self.flags, "seeds_needed": self.seeds_needed,
         }
