@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_repro import copy_repo
+from pipeline.flows import dvc_bin, tool_env
 
 RECIPE = "experiment=evidence"
 
@@ -55,7 +55,7 @@ def worst_groups(datasets: list[str], methods: list[str], seed: int, scale: int,
             longer += [f"method.{m}.epochs={cfg['epochs'] * scale}", f"method.{m}.min_epochs={cfg.get('min_epochs', 0) * scale}"]
         params = composed(repo, base + (longer if scale != 1 else []), env)
         t0 = time.perf_counter()
-        proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, text=True, capture_output=True)
+        proc = subprocess.run([dvc_bin(), "repro"], cwd=repo, env=env, text=True, capture_output=True)
         wall = time.perf_counter() - t0
         if proc.returncode:
             print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", type=Path, help="an evidence run's summary.json: the pairs' half-widths")
     parser.add_argument("--half-width", type=float, default=0.05, help="without --summary (default 0.05)")
     args = parser.parse_args(argv)
-    env = dict(os.environ, SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1")
+    env = {**tool_env(), "SHIFTLAB_QUIET": "1"}  # the venv's python and dvc first on PATH, as the flow runs stages
     datasets = args.datasets
     if datasets is None:
         with tempfile.TemporaryDirectory(prefix="bench-budget-plan-") as tmp:

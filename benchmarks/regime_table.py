@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_repro import copy_repo
+from pipeline.flows import dvc_bin, tool_env
 from stages.core.io import read_metadata
 from stages.evaluation.regime import parse_separation, regime_call
 
@@ -48,7 +49,7 @@ def run_recipe(recipe: str, seeds: list[int], env: dict[str, str]) -> tuple[dict
         subprocess.run([sys.executable, "-m", "stages.core.config", "compose", *overrides], cwd=repo, env=env, check=True)
         subprocess.run([sys.executable, "-m", "stages.dag"], cwd=repo, env=env, check=True)
         t0 = time.perf_counter()
-        proc = subprocess.run(["dvc", "repro"], cwd=repo, env=env, text=True, capture_output=True)
+        proc = subprocess.run([dvc_bin(), "repro"], cwd=repo, env=env, text=True, capture_output=True)
         wall = time.perf_counter() - t0
         if proc.returncode:
             print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         print(table({r: json.loads((args.save / f"{r}.json").read_text()) for r in args.recipes}))
         return 0
-    env = dict(os.environ, SHIFTLAB_QUIET="1", DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1")
+    env = {**tool_env(), "SHIFTLAB_QUIET": "1"}  # the venv's python and dvc first on PATH, as the flow runs stages
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     results = {}
     for recipe in args.recipes:
