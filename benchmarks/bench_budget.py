@@ -21,12 +21,11 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_repro import copy_repo
-from pipeline.flows import dvc_bin, tool_env
+from benchmarks.bench_repro import copy_repo, timed_repro
+from pipeline.flows import tool_env
 
 RECIPE = "experiment=evidence"
 
@@ -54,12 +53,7 @@ def worst_groups(datasets: list[str], methods: list[str], seed: int, scale: int,
             cfg = params["method"][m]
             longer += [f"method.{m}.epochs={cfg['epochs'] * scale}", f"method.{m}.min_epochs={cfg.get('min_epochs', 0) * scale}"]
         params = composed(repo, base + (longer if scale != 1 else []), env)
-        t0 = time.perf_counter()
-        proc = subprocess.run([dvc_bin(), "repro"], cwd=repo, env=env, text=True, capture_output=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode:
-            print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"dvc repro failed (scale {scale})")
+        wall = timed_repro(repo, env, f"the recipe at {scale}x epochs")
         out = {}
         for d in datasets:
             instance = f"{d}_seed{seed}" if params["run"].get("redraw_data") else d

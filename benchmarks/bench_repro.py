@@ -30,6 +30,23 @@ def copy_repo(dest: Path) -> None:
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
 
 
+def timed_repro(repo: Path, env: dict[str, str], what: str) -> float:
+    """`dvc repro` in `repo` (the venv's dvc), its wall time; on failure its output's tail and exit."""
+    import subprocess
+    import sys
+    import time
+
+    from pipeline.flows import dvc_bin
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([dvc_bin(), "repro"], cwd=repo, env=env, text=True, capture_output=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
+        raise SystemExit(f"{what}: dvc repro failed")
+    return wall
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)

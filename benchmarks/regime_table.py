@@ -21,11 +21,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.bench_repro import copy_repo
-from pipeline.flows import dvc_bin, tool_env
+from benchmarks.bench_repro import copy_repo, timed_repro
+from pipeline.flows import tool_env
 from stages.core.io import read_metadata
 from stages.evaluation.regime import parse_separation, regime_call
 
@@ -48,12 +47,7 @@ def run_recipe(recipe: str, seeds: list[int], env: dict[str, str]) -> tuple[dict
         copy_repo(repo)
         subprocess.run([sys.executable, "-m", "stages.core.config", "compose", *overrides], cwd=repo, env=env, check=True)
         subprocess.run([sys.executable, "-m", "stages.dag"], cwd=repo, env=env, check=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run([dvc_bin(), "repro"], cwd=repo, env=env, text=True, capture_output=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode:
-            print(proc.stdout[-4000:], proc.stderr[-4000:], file=sys.stderr)
-            raise SystemExit(f"{recipe}: dvc repro failed")
+        wall = timed_repro(repo, env, recipe)
         summary = json.loads((repo / "data" / "reports" / "summary.json").read_text())
         summary["_separation"] = {  # the whole dict: the summary's _regime keeps only cue and core
             d: read_metadata(repo / "data" / "prepared" / f"{d}.parquet").get("separation") for d in DATASETS

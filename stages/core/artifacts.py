@@ -1,6 +1,6 @@
 """The artifact contract: paths and Arrow schemas every stage and every test rely on.
 
-See ../shared/DESIGN.md ("Artifact contract"). Keep this file and that table in step.
+See docs/datasets.md (the artifact contract). Keep this file and that document in step.
 """
 
 from __future__ import annotations
