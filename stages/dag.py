@@ -30,7 +30,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("stages",)
-ENTRYPOINTS = ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
+ENTRYPOINTS = ("fetch", "prepare", "validate", "pretrain", "train", "distill", "evaluate", "phase", "report")
 # Per-item code deps a stage may add to its entrypoint's (dvc.yaml's `${item.code[i]}` slots, padded
 # by repetition: DVC records every slot, so each one unused is a wasted entry in dvc.lock); more is
 # an error naming the number to raise. Sized to the largest kind in the repository (tests/test_dag.py).
@@ -214,6 +214,22 @@ def model_modules(kind: str, root: Path = ROOT) -> list[str]:
     return [f"stages.models.{m}" for m in ([model] if isinstance(model, str) else model)]
 
 
+RAW = "data/raw"  # stages.datasets.packages.RAW (this module imports nothing)
+
+
+def raw_input(cfg: Mapping[str, Any], module: str, root: Path = ROOT) -> str:
+    """What prepare reads from outside the code, as one DVC dep: data/raw/<source> for a kind
+    fetched from a registry (stage fetch@<source> writes it), the raw folder (`root`) of a
+    downloaded benchmark, else (a generated dataset) its module's file again, a dep it has anyway."""
+    source = cfg.get("source")
+    if isinstance(source, Mapping) and "name" in source:
+        return f"{RAW}/{source['name']}"
+    if cfg.get("root"):
+        return str(cfg["root"])
+    f = module_file(module, root)
+    return f.relative_to(root).as_posix() if f is not None else f"{RAW}"
+
+
 def plan(
     run: Mapping[str, Any], datasets: Mapping[str, Any], methods: Mapping[str, Any], phase: Mapping[str, Any],
     root: Path = ROOT,
@@ -241,10 +257,13 @@ def plan(
     # enumeration the stages use too. `dataset` is the section an instance is drawn from.
     data = instances(OmegaConf.create({"run": dict(run), "dataset": dict(datasets)}))
     dmod = {d: f"stages.datasets.{dkind(i.dataset)}" for d, i in data.items()}
-    out: dict[str, Any] = {"prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
+    out: dict[str, Any] = {"fetch": {}, "prepare": {}, "train": {}, "distill": {}, "evaluate": {}}
     for d, i in data.items():
         # validate and pretrain iterate these items too (dvc.yaml): every dataset the run prepares
-        out["prepare"][d] = {"dataset": i.dataset, "code": code("prepare", (dmod[d],))}
+        out["prepare"][d] = {"dataset": i.dataset, "code": code("prepare", (dmod[d],)), "raw": raw_input(datasets[i.dataset], dmod[d], root)}
+        source = datasets[i.dataset].get("source")
+        if isinstance(source, Mapping) and "name" in source:  # its fetch stage, once per source
+            out["fetch"].setdefault(str(source["name"]), {"dataset": i.dataset})
     ups = {m: upstream(mkind(m), methods[m], root) for m in run["methods"]}
     for m, up in ups.items():
         if up is not None and (up[1] not in run["methods"] or up[1] == m):

@@ -75,7 +75,7 @@ def validate(dataset: str, cfg: ValidateConfig, kind: str | None = None) -> str:
     table = read_parquet(src, columns=[c for c in names if c != "x"])
     raw_meta = read_metadata(src)
     meta = meta_params(raw_meta, src)
-    x = scan_x(iter_parquet_batches(src, ["x"], X_BATCH_BYTES)) if "x" in names else None
+    x = scan_x(iter_parquet_batches(src, ["x"], X_BATCH_BYTES), meta.get("x_domain")) if "x" in names else None
     rows = rows_frame(table, meta["n_attrs"], x)
     frames = {
         "rows": rows,

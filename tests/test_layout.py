@@ -15,7 +15,7 @@ import networkx as nx
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("stages", "pipeline", "hydra_plugins")
-ENTRYPOINTS = {"prepare", "validate", "pretrain", "train", "distill", "evaluate", "report", "phase"}
+ENTRYPOINTS = {"fetch", "prepare", "validate", "pretrain", "train", "distill", "evaluate", "report", "phase"}
 COMMANDS = {"dag"}  # `python -m stages.dag` writes dvc.yaml's code deps (make params)
 MAX_LINES = 800
 

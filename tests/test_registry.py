@@ -18,7 +18,7 @@ from stages.core.settings import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 # The stage entrypoints: run by DVC's command lines, imported by nobody in stages/ or pipeline/.
-ENTRYPOINTS = {f"stages.{n}" for n in ("prepare", "validate", "pretrain", "train", "distill", "evaluate", "report", "phase")}
+ENTRYPOINTS = {f"stages.{n}" for n in ("fetch", "prepare", "validate", "pretrain", "train", "distill", "evaluate", "report", "phase")}
 # A word that names a kind and, independently, something else. The shift curve's
 # "reweight" route (reweighting the test examples, stages/evaluation/shift.py) is written into the
 # plot data, so renaming it would change every evaluate output.

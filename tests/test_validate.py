@@ -431,3 +431,46 @@ def test_corrupt_x_is_reported_row_wise_across_batches(validated_cwd, monkeypatc
     assert by_name["x_finite"]["unexpected_rows"] == [31]
     assert by_name["x_len"]["element_count"] == n
     assert "x_len" in err and "rows [23]" in err
+
+
+@pytest.mark.parametrize(
+    ("domain", "breakage", "failing_names"),
+    [
+        ({"range": [-5.0, 5.0]}, None, []),
+        ({"range": [-5.0, 5.0]}, (4, 0, 9.0), ["x_range"]),
+        ({"binary_from": 1}, None, []),
+        ({"binary_from": 1}, (6, 2, 0.5), ["x_binary"]),
+        ({"range": [0.0, 1.0], "binary_from": 0}, (3, 1, 2.0), ["x_range", "x_binary"]),
+    ],
+)
+def test_declared_x_domain_is_checked_row_by_row(validated_cwd, domain, breakage, failing_names):
+    # a real data set declares what its features may hold (pixels in [0, 1], 0/1 attributes):
+    # the suite checks every row against it; undeclared, the checks are absent
+    cols = make_columns()
+    x = cols["x"]
+    if "binary_from" in domain:
+        x[:, domain["binary_from"]:] = (x[:, domain["binary_from"]:] > 0).astype(np.float32)
+    if domain.get("range") == [0.0, 1.0]:
+        x[:] = (x > 0).astype(np.float32)
+    if breakage is not None:
+        row, col, value = breakage
+        x[row, col] = value
+    write_prepared("dom", cols, x_domain=domain)
+    code = stage.main(["dom"])
+    assert code == (2 if failing_names else 0)
+    if failing_names:
+        assert failing("dom") == failing_names
+    else:
+        names = [e["name"] for e in json.loads(validated_path("dom").read_text())["expectations"]]
+        assert ("x_range" in names) == ("range" in domain) and ("x_binary" in names) == ("binary_from" in domain)
+    write_prepared("plain", make_columns())
+    assert stage.main(["plain"]) == 0
+    names = [e["name"] for e in json.loads(validated_path("plain").read_text())["expectations"]]
+    assert "x_range" not in names and "x_binary" not in names
+
+
+def test_a_malformed_x_domain_names_the_file(validated_cwd, capsys):
+    write_prepared("baddom", make_columns(), x_domain={"range": [1.0, 0.0]})
+    assert stage.main(["baddom"]) == 2
+    err = capsys.readouterr().err
+    assert "x_domain is malformed" in err and "baddom.parquet" in err

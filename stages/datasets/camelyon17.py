@@ -27,6 +27,7 @@ from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
 from stages.datasets import images, raw
 from stages.datasets.images import check_images
+from stages.datasets.packages import sha256_file
 
 
 @dataclass
@@ -115,7 +116,7 @@ def load(dataset: str, cfg: Camelyon17Config, out: Path) -> str:
             "test_id": groups_of["train_centers"],
             "test_ood": groups_of["test_ood_centers"],
         },
-        raw_checksums={"metadata.csv": raw.sha256_file(csv)},
+        raw_checksums={"metadata.csv": sha256_file(csv)},
         published_counts=raw.published_check(observed, PUBLISHED, SOURCE),
     )
     files = np.array([patch_path(*t) for t in zip(patient, node, xs, ys, strict=True)], dtype=object)

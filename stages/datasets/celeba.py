@@ -26,6 +26,7 @@ from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
 from stages.datasets import images, raw
 from stages.datasets.images import check_images
+from stages.datasets.packages import sha256_file
 
 
 @dataclass
@@ -60,19 +61,6 @@ WHERE = (
 )
 ATTR_FILE, PARTITION_FILE = "list_attr_celeba.csv", "list_eval_partition.csv"
 OFFICIAL_SPLITS = {0: "train", 1: "val", 2: "test"}
-# Group counts for y = Blond_Hair, a = Male, groups g = 2y + a (non-blond woman, non-blond
-# man, blond woman, blond man). Source: Sagawa et al., "Distributionally Robust Neural
-# Networks", ICLR 2020, Appendix C.1 (train), and Kirichenko et al., "Last Layer
-# Re-Training is Sufficient ...", ICLR 2023, Table 5 (val, test).
-PUBLISHED = {
-    "train": [71629, 66874, 22880, 1387],
-    "val": [8535, 8276, 2874, 182],
-    "test": [9767, 7535, 2480, 180],
-}
-PUBLISHED_FOR = ("Blond_Hair", "Male")
-SOURCE = "Sagawa et al. 2020; Kirichenko et al. 2023: CelebA Blond_Hair x Male group counts"
-
-
 def image_dir(root: Path) -> Path:
     """The folder holding the JPEGs: img_align_celeba/, or the Kaggle zip's nested copy."""
     nested = root / "img_align_celeba" / "img_align_celeba"
@@ -103,13 +91,13 @@ def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
         )
     names = np.array([OFFICIAL_SPLITS[int(partition[f])] for f in files], dtype=object)
     g = y * 2 + a
-    observed = raw.group_counts(names, g, 4, list(PUBLISHED))
+    observed = raw.group_counts(names, g, 4, list(raw.CELEBA_PUBLISHED))
     published = (
-        raw.published_check(observed, PUBLISHED, SOURCE)
-        if (cfg.target, cfg.attribute) == PUBLISHED_FOR
+        raw.published_check(observed, raw.CELEBA_PUBLISHED, raw.CELEBA_SOURCE)
+        if (cfg.target, cfg.attribute) == raw.CELEBA_PUBLISHED_FOR
         else raw.published_check(
             {s: [sum(c)] for s, c in observed.items()},
-            {s: [sum(c)] for s, c in PUBLISHED.items()},
+            {s: [sum(c)] for s, c in raw.CELEBA_PUBLISHED.items()},
             "CelebA split sizes (Liu et al. 2015)",
         )
     )
@@ -122,7 +110,7 @@ def load(dataset: str, cfg: CelebAConfig, out: Path) -> str:
         n_attrs=2,
         classes=[f"not {cfg.target}", cfg.target],
         attributes=[f"not {cfg.attribute}", cfg.attribute],
-        raw_checksums={ATTR_FILE: raw.sha256_file(attr_csv), PARTITION_FILE: raw.sha256_file(part_csv)},
+        raw_checksums={ATTR_FILE: sha256_file(attr_csv), PARTITION_FILE: sha256_file(part_csv)},
         published_counts=published,
     )
     plan = raw.make_plan(np.arange(len(files), dtype=np.int64), split, y, a, meta, {"file": files}, attr_csv)

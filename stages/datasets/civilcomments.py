@@ -29,6 +29,7 @@ from stages.core.io import ArtifactError, write_parquet_stream
 from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
 from stages.datasets import raw
+from stages.datasets.packages import sha256_file
 from stages.evaluation import regime
 
 
@@ -108,7 +109,7 @@ def load(dataset: str, cfg: CivilCommentsConfig, out: Path) -> str:
         "classes": ["non-toxic", "toxic"],
         "attributes": ["no identity mentioned", "identity mentioned: " + ", ".join(cfg.identities)],
         "params": dataclasses.asdict(cfg),
-        "raw_checksums": {FILE: raw.sha256_file(csv)},
+        "raw_checksums": {FILE: sha256_file(csv)},
         "published_counts": raw.published_check(observed, PUBLISHED, SOURCE),
     }
     plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"text": texts}, csv)

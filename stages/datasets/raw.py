@@ -10,7 +10,6 @@ Every error names the file, the row and what to do about it. See docs/datasets.m
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,15 +216,6 @@ def file_names(names: np.ndarray) -> np.ndarray:
     return np.asarray([posixpath.normpath(str(n)) for n in names], dtype=object)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # ---- splits ------------------------------------------------------------------------------------
 
 
@@ -271,9 +261,33 @@ def balanced_ood(
     return out
 
 
+def balanced_resample(g: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
+    """Row indices (sorted) of a group-balanced resample of rows with groups `g`: from every
+    group, a seeded draw without replacement of as many rows as the smallest group has (all of
+    the smallest group's). In it the attribute carries no information about the label: the
+    test_ood of a subpopulation-shift benchmark whose test split keeps the training correlation."""
+    pools = [np.flatnonzero(g == gg) for gg in range(n_groups)]
+    m = min(len(p) for p in pools)
+    return np.sort(np.concatenate([rng.choice(p, m, replace=False) for p in pools]))
+
+
 def group_counts(split: np.ndarray, g: np.ndarray, n_groups: int, names: Sequence[str]) -> dict[str, list[int]]:
     """{split name: [count of group 0, 1, ...]} for the given split names."""
     return {s: [int(((split == s) & (g == gg)).sum()) for gg in range(n_groups)] for s in names}
+
+
+# CelebA's group counts for y = Blond_Hair, a = Male, groups g = 2y + a (non-blond woman,
+# non-blond man, blond woman, blond man), per official split; read by both CelebA kinds (the
+# images, the attribute table). Source: Sagawa et al., "Distributionally Robust Neural
+# Networks", ICLR 2020, Appendix C.1 (train), and Kirichenko et al., "Last Layer Re-Training is
+# Sufficient ...", ICLR 2023, Table 5 (val, test).
+CELEBA_PUBLISHED = {
+    "train": [71629, 66874, 22880, 1387],
+    "val": [8535, 8276, 2874, 182],
+    "test": [9767, 7535, 2480, 180],
+}
+CELEBA_PUBLISHED_FOR = ("Blond_Hair", "Male")
+CELEBA_SOURCE = "Sagawa et al. 2020; Kirichenko et al. 2023: CelebA Blond_Hair x Male group counts"
 
 
 def published_check(

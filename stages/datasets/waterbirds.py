@@ -22,6 +22,7 @@ from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
 from stages.datasets import images, raw
 from stages.datasets.images import check_images
+from stages.datasets.packages import sha256_file
 
 
 @dataclass
@@ -89,7 +90,7 @@ def load(dataset: str, cfg: WaterbirdsConfig, out: Path) -> str:
         n_attrs=2,
         classes=["landbird", "waterbird"],
         attributes=["land", "water"],
-        raw_checksums={"metadata.csv": raw.sha256_file(csv)},
+        raw_checksums={"metadata.csv": sha256_file(csv)},
         published_counts=raw.published_check(observed, PUBLISHED, SOURCE),
     )
     plan = raw.make_plan(np.arange(len(df), dtype=np.int64), split, y, a, meta, {"file": files}, csv)

@@ -8,6 +8,10 @@ rows         the file's columns other than `x`, plus per-row columns derived fro
                          features themselves are never put in the frame)
              x_len       number of features in the row (must be prod(shape))
              x_finite    every feature is finite (no NaN/inf)
+             x_in_range  every feature is in the metadata's `x_domain.range` (pixels in
+                         [0, 1], say); only when the metadata declares it
+             x_binary    features `x_domain.binary_from` onwards are 0 or 1 (an attribute
+                         table, one-hot categories); only when the metadata declares it
              g_expected  y * n_attrs + a (must equal g)
              agrees      a == y (the spurious attribute agrees with the label)
 split_stats  one row of per-split aggregates GX has no row-level expression for:
@@ -143,12 +147,35 @@ def meta_params(meta: Mapping[str, Any], path: str | Path) -> dict[str, Any]:
         out["split_groups"] = {str(s): [int(g) for g in gs] for s, gs in meta["split_groups"].items()}
     if meta.get("published_counts") is not None:
         out["published_counts"] = meta["published_counts"]
+    if meta.get("x_domain") is not None:
+        out["x_domain"] = x_domain_of(meta["x_domain"], path)
     out["separation"] = separation_of(meta.get("separation"), path)
     if out["n_classes"] < 1 or out["n_attrs"] < 1:
         raise ArtifactError(
             f"{path}: metadata n_classes/n_attrs must be >= 1, got {out['n_classes']}/{out['n_attrs']}"
         )
     return out
+
+
+def x_domain_of(value: Any, path: str | Path) -> dict[str, Any]:
+    """Metadata `x_domain` ({"range": [lo, hi]} and/or {"binary_from": k}, both optional) checked;
+    {} when absent. A malformed one names the file."""
+    if value is None:
+        return {}
+    try:
+        out: dict[str, Any] = {}
+        if not isinstance(value, Mapping) or set(value) - {"range", "binary_from"}:
+            raise ValueError(f"keys {sorted(value) if isinstance(value, Mapping) else value!r}")
+        if "range" in value:
+            lo, hi = (float(v) for v in value["range"])
+            if not lo <= hi:
+                raise ValueError(f"range {value['range']}")
+            out["range"] = [lo, hi]
+        if "binary_from" in value:
+            out["binary_from"] = int(value["binary_from"])
+        return out
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: file metadata x_domain is malformed ({e}); expected {{range: [lo, hi], binary_from: k}}") from None
 
 
 def separation_of(value: Any, path: str | Path) -> dict[str, float | None] | None:
@@ -171,9 +198,11 @@ class XColumns:
     present: np.ndarray
     length: np.ndarray
     finite: np.ndarray
+    domain: dict[str, np.ndarray] = field(default_factory=dict)  # x_in_range / x_binary, when declared
 
     def series(self) -> dict[str, Any]:
-        """The frame columns x, x_len, x_finite: null where x is null, else True / length / flag."""
+        """The frame columns x, x_len, x_finite (and the `domain` flags): null where x is null,
+        else True / length / flag."""
         import pandas as pd
 
         if self.present.all():  # the common case keeps a numeric x_len, as GX reports it
@@ -181,32 +210,57 @@ class XColumns:
                 "x": pd.Series(np.ones(len(self.present), dtype=bool), dtype=object),
                 "x_len": pd.Series(self.length),
                 "x_finite": pd.Series(self.finite, dtype=object),
+                **{k: pd.Series(v, dtype=object) for k, v in self.domain.items()},
             }
         out = {}
-        for name, values in (("x", self.present), ("x_len", self.length), ("x_finite", self.finite)):
+        for name, values in (("x", self.present), ("x_len", self.length), ("x_finite", self.finite), *self.domain.items()):
             col = values.astype(object)  # Python ints/bools, so None can stand in for a null x
             col[~self.present] = None
             out[name] = pd.Series(col, dtype=object)
         return out
 
 
-def scan_x(chunks: Iterable[pa.Array | pa.RecordBatch]) -> XColumns:
+def scan_x(chunks: Iterable[pa.Array | pa.RecordBatch], domain: Mapping[str, Any] | None = None) -> XColumns:
     """Reduce `x`, chunk by chunk, to `XColumns`; only one chunk's features are ever held.
 
-    Chunks are arrays of the x column or record batches whose only column is x.
+    Chunks are arrays of the x column or record batches whose only column is x. `domain`
+    (`meta_params`' `x_domain`) adds the flags it declares.
     """
     present, length, finite = [], [], []
+    flags: dict[str, list[np.ndarray]] = {}
     for chunk in chunks:
         x = chunk.column(0) if isinstance(chunk, pa.RecordBatch) else chunk
         p, n, f = x_checks(x)
         present.append(p)
         length.append(n)
         finite.append(f)
+        for name, v in x_domain_checks(x, domain or {}).items():
+            flags.setdefault(name, []).append(v)
     if not present:
         return XColumns(np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, bool))
     return XColumns(
-        np.concatenate(present), np.concatenate(length).astype(np.int64), np.concatenate(finite)
+        np.concatenate(present), np.concatenate(length).astype(np.int64), np.concatenate(finite),
+        {k: np.concatenate(v) for k, v in flags.items()},
     )
+
+
+def x_domain_checks(x: pa.Array, domain: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Per-row flags of one chunk of x for the declared `domain`: `x_in_range` (every feature in
+    domain["range"]) and `x_binary` (features domain["binary_from"].. all 0 or 1). A row that is not
+    a fixed-size list of numbers (x_len and x_finite fail it already) gets False."""
+    n = len(x)
+    out = {}
+    fixed = pa.types.is_fixed_size_list(x.type) and (
+        pa.types.is_floating(x.type.value_type) or pa.types.is_integer(x.type.value_type))
+    values = (x.flatten().to_numpy(zero_copy_only=False).astype(np.float64).reshape(-1, x.type.list_size)
+              if fixed and x.null_count == 0 else None)
+    if "range" in domain:
+        lo, hi = domain["range"]
+        out["x_in_range"] = np.zeros(n, bool) if values is None else ((values >= lo) & (values <= hi)).all(axis=1)
+    if "binary_from" in domain:
+        tail = None if values is None else values[:, int(domain["binary_from"]):]
+        out["x_binary"] = np.zeros(n, bool) if tail is None else ((tail == 0) | (tail == 1)).all(axis=1)
+    return out
 
 
 def rows_frame(table: pa.Table, n_attrs: int, x: XColumns | None = None) -> Any:
@@ -479,6 +533,15 @@ def build_checks(
             min_value=shift,
         ),
     ]
+    domain = meta.get("x_domain") or {}
+    if "range" in domain:
+        lo, hi = domain["range"]
+        checks.append(rows("x_range", "ExpectColumnValuesToBeInSet", f"every feature is in [{lo:g}, {hi:g}] (the metadata's x_domain)",
+                           column="x_in_range", value_set=[True]))
+    if "binary_from" in domain:
+        checks.append(rows("x_binary", "ExpectColumnValuesToBeInSet",
+                           f"features {domain['binary_from']}.. are 0 or 1 (binary attributes, one-hot categories: the metadata's x_domain)",
+                           column="x_binary", value_set=[True]))
     if "published_counts" in meta:
         checks.append(
             stats(
