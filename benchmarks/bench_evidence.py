@@ -238,6 +238,7 @@ def estimate(seeds: list[int], max_parallel: int | None, cores: int, recipe_seed
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RECIPE  # --recipe: which experiment the run, the estimate and the stage times compose
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", help="run.seeds (default: the recipe's 5; --stage-times: 0)")
     parser.add_argument("--max-parallel", type=int, help="stages at once (default: the flow's, the cores available)")
@@ -250,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, default=2, help="--estimate: cores of the machine the estimate is for")
     parser.add_argument("--recipe-seeds", type=int, default=5, help="--estimate: seeds of the run to estimate")
     parser.add_argument("--save", type=Path, help="--stage-times: write the per-stage times (JSON) here")
+    parser.add_argument("--recipe", default=RECIPE, help=f"the experiment override to run (default {RECIPE}; "
+                        "benchmarks/bench_real_evidence.py passes experiment=real_evidence)")
     args = parser.parse_args(argv)
+    RECIPE = args.recipe
     if args.render:
         print(table(json.loads(args.render.read_text())))
         return 0
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary, wall = run_flow(args.seeds, args.max_parallel, args.keep, args.workdir)
     seeds = "the recipe's seeds" if args.seeds is None else f"seeds {args.seeds}"
-    print(f"experiment=evidence ({seeds}) through the parallel flow: {wall:.0f} s ({wall / 60:.1f} min)\n")
+    print(f"{RECIPE} ({seeds}) through the parallel flow: {wall:.0f} s ({wall / 60:.1f} min)\n")
     print(table(summary))
     return 0
 

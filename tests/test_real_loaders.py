@@ -206,8 +206,12 @@ def test_colored_mnist_builds_irm_environments_from_the_idx_files(here: Path) ->
 
 def test_colored_mnist_seed_redraws_train_and_val_but_not_the_test_splits(here: Path) -> None:
     data = write_mnist("mnist", gz=False, n_train=N_TRAIN, n_test=200)
-    base = _by_split(gen(_mnist_cfg())[0])
-    other = _by_split(gen(_mnist_cfg(seed=1))[0])
+    base_columns, base_meta = gen(_mnist_cfg())
+    other_columns, other_meta = gen(_mnist_cfg(seed=1))
+    base, other = _by_split(base_columns), _by_split(other_columns)
+    # the report's evidence knows the replicates share one test split by its fingerprint
+    assert base_meta["test_sha256"] == other_meta["test_sha256"]
+    assert gen(_mnist_cfg(test_seed=1))[1]["test_sha256"] != base_meta["test_sha256"]
     assert not np.array_equal(base["val"]["id"], other["val"]["id"])
     assert not np.array_equal(base["train"]["id"], other["train"]["id"])
     for s in ("test_id", "test_ood"):

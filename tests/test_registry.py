@@ -201,3 +201,25 @@ def test_validating_every_section_imports_no_implementation():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert ast.literal_eval(out.strip()) == []
+
+
+def test_applicability_is_one_rule_read_the_same_by_the_dag_and_the_stages():
+    # the DAG reads the registrations' source (stages/dag.py), the stages the registry: they agree
+    # on every pair of kinds, and only diffusion is withheld, only from the discrete-feature tables
+    from stages import dag
+
+    withheld = set()
+    for d in registry.datasets():
+        for m in registry.methods():
+            why = registry.not_applicable(d, m)
+            assert dag.applies(d, m) == (why is None), (d, m)
+            if why is not None:
+                withheld.add((d, m))
+    discrete = {d for d, spec in registry.datasets().items() if spec.features == "discrete"}
+    assert discrete == {"adult", "celeba_attributes"}
+    assert withheld == {(d, "diffusion") for d in discrete}
+
+
+def test_a_dataset_with_unknown_features_is_refused_at_registration():
+    with pytest.raises(TypeError, match="features must be one of"):
+        registry.register_dataset("odd_features", object, generate=lambda cfg: None, features="ordinal")

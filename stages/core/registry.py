@@ -79,6 +79,9 @@ class MethodSpec:
     upstream: str | None
     module: str
     streams: bool = False  # trains from a `stream.PreparedFile` when runtime.stream is on (else reads the file whole)
+    # why the method does not apply to a dataset whose features are discrete (FEATURES), one line;
+    # None: it applies to every dataset
+    not_on_discrete: str | None = None
 
     @property
     def summary(self) -> str:
@@ -128,10 +131,26 @@ class DatasetSpec:
     # rho, for evaluate's exact shift curve (stages/evaluation/shift.py); None = reweighting only.
     regenerate: Callable[..., Any] | None
     module: str
+    features: str = "continuous"  # one of FEATURES
 
     @property
     def summary(self) -> str:
         return (self.schema.__doc__ or self.kind).strip().splitlines()[0]
+
+
+# What a dataset's features are: "continuous" (real numbers, pixels), or "discrete" (some are
+# binary attributes or one-hot categories: a table such as CelebA's attributes or UCI Adult).
+FEATURES = ("continuous", "discrete")
+
+
+def not_applicable(dataset_kind: str, method_kind: str) -> str | None:
+    """Why method `method_kind` does not apply to a dataset of kind `dataset_kind` (one line), or
+    None when it does. stages/dag.py reads the same registrations from the source (no train or
+    evaluate stage is made for such a pair) and the report shows the pair as n/a with this line."""
+    d, m = dataset(dataset_kind), method(method_kind)
+    if d.features == "discrete" and m.not_on_discrete:
+        return m.not_on_discrete
+    return None
 
 
 _METHODS: dict[str, MethodSpec] = {}
@@ -154,6 +173,7 @@ def register_method(
     fit: Ref | None = None,
     upstream: str | None = None,
     streams: bool = False,
+    not_on_discrete: str | None = None,
 ) -> MethodSpec:
     """Declare a method kind (call once, at the bottom of its module). Give the capabilities
     as literals: stages/dag.py reads them from the source to write the DVC dependencies.
@@ -165,14 +185,15 @@ def register_method(
     config key whose value, unless "pretrained", names another method (of run.methods) whose
     trained model, same dataset and seed, the method reads. `streams`: its train reads the prepared
     file row group by row group when runtime.stream is on (stages/core/stream.py); the others read it
-    whole either way."""
+    whole either way. `not_on_discrete`: one line saying why the method does not apply to a dataset
+    registered with `features="discrete"` (`not_applicable`); None, it applies to every dataset."""
     keys = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else set()
     if pretrained not in PRETRAINED and pretrained not in keys:
         raise TypeError(f"method kind '{kind}': pretrained must be one of {PRETRAINED} or a key of its schema {sorted(keys)}, got {pretrained!r}")
     if upstream is not None and upstream not in keys:
         raise TypeError(f"method kind '{kind}': upstream must be a key of its schema {sorted(keys)}, got {upstream!r}")
     module = sys._getframe(1).f_globals.get("__name__", schema.__module__)  # the declaring module
-    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, module, streams)
+    spec = MethodSpec(kind, schema, train, generative, reads_text, pretrained, model, fit, upstream, module, streams, not_on_discrete)
     return _add(_METHODS, kind, spec, "method")
 
 
@@ -184,12 +205,16 @@ def register_dataset(
     load: Callable[..., str] | None = None,
     text: bool = False,
     regenerate: Callable[..., Any] | None = None,
+    features: str = "continuous",
 ) -> DatasetSpec:
-    """Declare a dataset kind: exactly one of `generate` (built-in) or `load` (from data/raw/)."""
+    """Declare a dataset kind: exactly one of `generate` (built-in) or `load` (from data/raw/).
+    `features`: one of FEATURES (give it as a literal: stages/dag.py reads it from the source)."""
     if (generate is None) == (load is None):
         raise TypeError(f"dataset kind '{kind}': give exactly one of generate= or load=")
+    if features not in FEATURES:
+        raise TypeError(f"dataset kind '{kind}': features must be one of {FEATURES}, got {features!r}")
     fn = generate or load
-    spec = DatasetSpec(kind, schema, generate, load, text, regenerate, fn.__module__)  # type: ignore[union-attr]
+    spec = DatasetSpec(kind, schema, generate, load, text, regenerate, fn.__module__, features)  # type: ignore[union-attr]
     return _add(_DATASETS, kind, spec, "dataset")
 
 

@@ -10,6 +10,7 @@ Every error names the file, the row and what to do about it. See docs/datasets.m
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,6 +260,19 @@ def balanced_ood(
         out[pool[:m]] = "test_ood"
         out[pool[m:]] = ""
     return out
+
+
+def test_fingerprint(columns: Mapping[str, np.ndarray]) -> str:
+    """sha256 of the test rows (test_id, then test_ood: id, y, a and x bytes) of a generator's
+    columns: metadata `test_sha256`. A kind whose test splits stay fixed across replicates
+    (`test_seed`) records it, so the report knows its replicates share one test split and puts
+    its sampling variance into the evidence's interval (stages/evaluation/evidence.py)."""
+    h = hashlib.sha256()
+    for name in ("test_id", "test_ood"):
+        rows = np.flatnonzero(np.asarray(columns["split"]) == name)
+        for key, dtype in (("id", np.int64), ("y", np.int64), ("a", np.int64), ("x", np.float32)):
+            h.update(np.ascontiguousarray(np.asarray(columns[key])[rows], dtype=dtype).tobytes())
+    return h.hexdigest()
 
 
 def balanced_resample(g: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:

@@ -211,6 +211,16 @@ def source_items(dataset: str) -> int | None:
     return value
 
 
+def test_split_key(dataset: str) -> str | None:
+    """The prepared file's `test_sha256` (a kind whose test splits stay fixed across replicates
+    records it: their rows' content), or None (each instance its own test split)."""
+    path = prepared_path(dataset)
+    value = read_metadata(path).get("test_sha256")
+    if value is not None and not isinstance(value, str):
+        raise ArtifactError(f"{path}: file metadata 'test_sha256' must be a string, got {value!r}")
+    return value
+
+
 def load_run_data(dataset: str, model: str, seed: int, n_classes: int, item_modulus: int | None = None) -> RunData:
     """Read one run's predictions (and its regenerate shift curve, if evaluate wrote one);
     `item_modulus` (`source_items`): rows' source items are id mod it."""

@@ -384,9 +384,12 @@ def evidence_for(
     boot: EvaluateConfig,
     separations: Sequence[dict[str, Any] | None],
     seed: Sequence[int],
+    test_keys: dict[str, str | None] | None = None,
 ) -> Evidence:
     """The evidence of one base dataset from the runs (metrics dicts) of its `datasets`; the
-    verdicts wait for `apply_holm` over the whole run (`gather`)."""
+    verdicts wait for `apply_holm` over the whole run (`gather`). `test_keys`: per dataset, what
+    identifies its test splits (`comparison.test_split_key`; default the dataset): replicate
+    instances with one key share one test split."""
     models = ordered([m["model"] for m in runs])
     info = {m: model_config([r for r in runs if r["model"] == m]) for m in models}
     generative = [m for m in models if model_type(info[m]) == "generative"]
@@ -419,7 +422,7 @@ def evidence_for(
     reps: list[Replicate] = []
     draws: dict[int, np.ndarray] = {}
     if data is not None:
-        tests, reps = replicate_arrays(complete, compared, data)
+        tests, reps = replicate_arrays(complete, compared, data, test_keys)
         e.shared_split = len(tests) < len(reps)
         if boot.bootstrap_resamples > 0 and reps:
             draws = sampling_draws(tests, reps, n_groups, boot.bootstrap_resamples, seed)
@@ -510,9 +513,11 @@ def apply_holm(evidence: dict[str, Evidence], alpha: float = ALPHA) -> None:
 
 
 def replicate_arrays(
-    replicates: Sequence[tuple[str, int]], compared: Sequence[str], data: dict[tuple[str, str, int], RunData]
+    replicates: Sequence[tuple[str, int]], compared: Sequence[str], data: dict[tuple[str, str, int], RunData],
+    test_keys: dict[str, str | None] | None = None,
 ) -> tuple[list[SplitGroups], list[Replicate]]:
-    """The test sets (one per dataset) and every replicate's correctness stacks."""
+    """The test sets (one per dataset, or per `test_keys` value: instances of a dataset whose
+    test splits stay fixed share one) and every replicate's correctness stacks."""
     tests: list[SplitGroups] = []
     index: dict[str, int] = {}
     reps = []
@@ -520,12 +525,13 @@ def replicate_arrays(
         runs = [data[(d, m, s)] for m in compared]
         split = runs[0].split
         id_rows, ood_rows = split == "test_id", split == "test_ood"
-        if d not in index:
-            index[d] = len(tests)
+        key = (test_keys or {}).get(d) or d
+        if key not in index:
+            index[key] = len(tests)
             items = runs[0].item
             tests.append(SplitGroups(runs[0].g[id_rows], runs[0].g[ood_rows], runs[0].y[id_rows], runs[0].y[ood_rows],
                                      None if items is None else items[id_rows], None if items is None else items[ood_rows]))
-        reps.append(Replicate(index[d], np.stack([r.correct[id_rows] for r in runs]),
+        reps.append(Replicate(index[key], np.stack([r.correct[id_rows] for r in runs]),
                               np.stack([r.correct[ood_rows] for r in runs])))
     return tests, reps
 
@@ -536,9 +542,10 @@ def gather(
     boot: EvaluateConfig,
     separations: dict[str, dict[str, Any] | None],
     bases: dict[str, str] | None = None,
+    test_keys: dict[str, str | None] | None = None,
 ) -> dict[str, Evidence]:
     """Per base dataset (`bases[dataset]`, default the dataset itself), in run order, its
-    evidence, with the run's verdicts (`apply_holm`)."""
+    evidence, with the run's verdicts (`apply_holm`); `test_keys` as `evidence_for`'s."""
     datasets = ordered([str(m["dataset"]) for m in metrics])
     base_of = {d: (bases or {}).get(d, d) for d in datasets}
     out = {}
@@ -546,7 +553,7 @@ def gather(
         mine = [d for d in datasets if base_of[d] == base]
         out[base] = evidence_for(
             base, mine, [m for m in metrics if m["dataset"] in mine], data, boot,
-            [separations.get(d) for d in mine], [boot.bootstrap_seed, EVIDENCE_STREAM, i],
+            [separations.get(d) for d in mine], [boot.bootstrap_seed, EVIDENCE_STREAM, i], test_keys,
         )
     apply_holm(out)
     return out

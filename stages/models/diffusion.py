@@ -134,4 +134,10 @@ def check_unet(c: Checks, channels: list[int], layers_per_block: int, attention:
               f"got channels {channels} with attention {attention}")
 
 
-register_method("diffusion", DiffusionConfig, "stages.models.diffusion_model:train", generative=True, model="diffusion")
+register_method(
+    "diffusion", DiffusionConfig, "stages.models.diffusion_model:train", generative=True, model="diffusion",
+    not_on_discrete=(
+        "Gaussian diffusion models continuous data: on binary attributes or one-hot categories its ELBO "
+        "is not a likelihood of the data, so its class scores would not be the classifier it is named for"
+    ),
+)

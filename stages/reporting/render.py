@@ -523,12 +523,16 @@ def build_report(
     boot: EvaluateConfig | None = None,
     regimes: dict[str, tuple[dict[str, Any] | None, str | None]] | None = None,
     bases: dict[str, str] | None = None,
+    not_applicable: dict[str, dict[str, str]] | None = None,
+    test_keys: dict[str, str | None] | None = None,
 ) -> Report:
     """The report from the runs' metrics dicts, their predictions (`data`, optional) and phase cells.
 
     `regimes`: per dataset, its prepared file's (separation, separation_source) (`load_regime`);
     a dataset without one says so. `bases`: per dataset, the base dataset it is a replicate of
-    (`replicate_base`; default itself): the evidence is per base dataset.
+    (`replicate_base`; default itself): the evidence is per base dataset. `not_applicable`: per
+    dataset, {model: why it does not apply} (stages.core.registry.not_applicable): shown as n/a.
+    `test_keys`: per dataset, its `comparison.test_split_key` (replicates sharing a test split).
 
     Without `data` there are no intervals, paired tests, shift curves or reliability figures.
     Datasets and models appear in the order they first appear in `metrics` (run() passes the
@@ -546,7 +550,7 @@ def build_report(
     html = [f"<h1>shiftlab report</h1>{_intro_html()}"]
     summary: dict[str, Any] = {}
     separations = {d: sep for d, (sep, _) in (regimes or {}).items()}
-    evidence = gather(metrics, data, boot, separations, bases)
+    evidence = gather(metrics, data, boot, separations, bases, test_keys)
     intro, ev_rows, ev_notes = evidence_section(evidence)
     title = "Generative vs discriminative: the evidence over replicates"
     md += [f"## {title}", "", *intro, "", *_markdown_table(EVIDENCE_HEADER, ev_rows), "", *(f"- {n}" for n in ev_notes), ""]
@@ -578,9 +582,13 @@ def build_report(
                    f"{headline(e)} (the evidence section above).")
         groups = (f"Smallest group: test_id {smallest['test_id']}, test_ood {smallest['test_ood']} examples "
                   "(a worst-group accuracy moves in steps of 1/size).")
-        md += [f"## {dataset}", "", regime, "", groups, "", *_markdown_table(head, rows), "", er_note, "", takeaway, ""]
+        skipped = (not_applicable or {}).get(dataset, {})
+        na = [f"*n/a*: **{model}** does not apply to {dataset}: {why}." for model, why in skipped.items()]
+        md += [f"## {dataset}", "", regime, "", groups, "", *_markdown_table(head, rows), "", *(x for n in na for x in (n, "")),
+               er_note, "", takeaway, ""]
         html += [f"<h2>{escape(dataset)}</h2>", f"<p>{_md_inline(regime)}</p>", f"<p>{_md_inline(groups)}</p>",
-                 _html_table(head, rows), f"<p>{_md_inline(er_note)}</p>", f'<p class="takeaway">{_md_inline(takeaway)}</p>']
+                 _html_table(head, rows), *(f"<p>{_md_inline(n)}</p>" for n in na), f"<p>{_md_inline(er_note)}</p>",
+                 f'<p class="takeaway">{_md_inline(takeaway)}</p>']
         pairs = distill_pairs(summaries)
         # "Beats ERM": the first model of the standard-ERM reference family (evaluate.er_reference).
         base = next((s for s in summaries if boot.er_reference and s.model == boot.er_reference[0]), None)
@@ -619,6 +627,8 @@ def build_report(
             }
             for s in summaries
         }
+        if skipped:  # "_not_applicable": {model: why}, no train or evaluate stage was made for them
+            summary[dataset]["_not_applicable"] = dict(skipped)
         if regime_numbers:  # "_regime" cannot clash with a model: names come from conf/ keys
             summary[dataset]["_regime"] = regime_numbers
         summary[dataset]["_smallest_group"] = smallest
