@@ -191,6 +191,10 @@ def test_git_ignores_every_stage_output_but_not_the_raw_downloads():
         body = stage.get("do", stage)
         outs += [re.sub(r"\$\{[^}]*\}", "x", o if isinstance(o, str) else next(iter(o))) for o in body.get("outs", [])]
     assert outs and all(o.startswith("data/") for o in outs)
+    # fetch@<source> writes data/raw/<source>: every source a dataset config names
+    sources = [yaml.safe_load(f.read_text()).get("source", {}).get("name") for f in sorted((REPO / "conf/dataset").glob("*.yaml"))]
+    assert "data/raw/x" in outs and len([s for s in sources if s]) >= 4
+    outs = [o for o in outs if o != "data/raw/x"] + [f"data/raw/{s}" for s in sources if s]
     check = subprocess.run(["git", "check-ignore", "--no-index", "--stdin", "-n", "-v"], cwd=REPO, input="\n".join(
         [*outs, "data/raw/waterbirds.dvc", "data/raw/.gitignore"]), capture_output=True, text=True).stdout.splitlines()
     # "<source>:<line>:<pattern>\t<path>"; "::\t<path>" when no pattern matches; a "!" pattern re-includes.
