@@ -64,6 +64,11 @@ from typing import Any
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+# The temporary server's start-up wait (Prefect's default, 20 s, counts only its own sleeps): on a
+# 2-core machine whose cores another job keeps busy, the server's imports alone took longer and
+# `make repro` died with a 50-line traceback (issue 45). Set the variable to wait more or less.
+SERVER_STARTUP_TIMEOUT_S = 180
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(SERVER_STARTUP_TIMEOUT_S))
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import (  # noqa: E402
@@ -690,6 +695,13 @@ def run(args: argparse.Namespace, last_line_at_exit: bool = False) -> int:
         )
     except Interrupted as e:
         line, code = e.line, 128 + e.signum
+    except RuntimeError as e:
+        if SERVER_TIMEOUT not in str(e):
+            raise
+        wait = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "?")
+        line, code = (f"pipeline: Prefect's temporary server did not answer within {wait} s, so no stage ran (a busy "
+                      "machine?): run again, give it longer (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS), or "
+                      "start a server once (pipeline/serve.sh) and set PREFECT_API_URL"), 1
     except (KeyboardInterrupt, TerminationSignal) as e:
         signum = getattr(e, "signal", signal.SIGINT)
         line, code = f"pipeline: interrupted by {signal.Signals(signum).name}; run again to continue", 128 + signum
@@ -704,6 +716,10 @@ def run(args: argparse.Namespace, last_line_at_exit: bool = False) -> int:
     elif line:
         print(line, file=sys.stderr, flush=True)
     return code
+
+
+# What Prefect raises when its temporary server does not answer in time (prefect/server/api/server.py).
+SERVER_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
 
 
 def outcome(state: Any) -> tuple[str, int]:

@@ -345,3 +345,27 @@ def test_push_retries_with_exponential_backoff_unless_the_config_is_at_fault():
                                   "no remote specified in /repo. Create a default remote with")
     assert task.retry_condition_fn(task, None, Failed(data=dropped))
     assert not task.retry_condition_fn(task, None, Failed(data=no_remote))
+
+
+def test_a_temporary_server_that_does_not_answer_in_time_is_one_line(tmp_path):
+    # A busy machine: Prefect's temporary server does not answer within its start-up wait (here
+    # 0 s, so it cannot). The flow says so in one line with the way out, no traceback, no stage ran.
+    from tests.support import flow_env
+
+    env = {**flow_env(tmp_path / "prefect"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.flows", "--target", "prepare@gaussian_shortcut"], cwd=ROOT,
+                          env=env, text=True, capture_output=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Running stage" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("pipeline: Prefect's temporary server did not answer within 0 s, so no stage ran")
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in last and "PREFECT_API_URL" in last
+
+
+def test_the_flow_gives_its_temporary_server_minutes_to_start_not_prefects_20_s():
+    env = {k: v for k, v in project_env().items() if k != "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"}
+    code = ("import pipeline.flows as f; from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as s; "
+            "print(f.SERVER_STARTUP_TIMEOUT_S, s.value())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True, capture_output=True, check=True).stdout
+    ours, prefects = map(int, out.split())
+    assert ours == prefects >= 120  # what Prefect's start-up wait reads, set before Prefect is imported
