@@ -84,6 +84,8 @@ def prepare(dataset: str, cfg: Any, replicate: tuple[str, int] | None = None) ->
         raise io.ArtifactError(f"dataset.{dataset}: generator '{cfg.kind}' produced duplicate ids")
     if replicate is not None:
         meta = {**meta, "replicate_of": replicate[0], "replicate_seed": replicate[1]}
+    if spec.features != "continuous":  # what train checks a method against (registry.not_on_features)
+        meta = {**meta, "features": spec.features}
     return to_table(columns, meta["n_attrs"]), {"dataset": dataset, **meta}
 
 

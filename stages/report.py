@@ -93,16 +93,17 @@ def run(params: Any) -> str:
 
 
 def not_applicable_models(params: Any, dataset: str, models: list[str]) -> dict[str, str]:
-    """{model: why its method does not apply to `dataset`} (a student: its teacher's method). The
-    dataset's kind is its prepared file's; a model without a `method` section (a hand-written
-    params file), or a dataset not prepared yet, counts as applying."""
+    """{model: why its method does not apply to `dataset`} (a student: its teacher's method), from
+    the prepared file's `features` (what prepare recorded from the dataset's registration); a model
+    without a `method` section (a hand-written params file), or a dataset not prepared yet, counts
+    as applying."""
     path = prepared_path(dataset)
-    kind = read_metadata(path).get("kind") if path.is_file() else None  # missing: load_metrics names what is
+    features = read_metadata(path).get("features", "continuous") if path.is_file() else "continuous"
     out = {}
     for model in models:
         method = model.removesuffix(STUDENT_SUFFIX)
         node = OmegaConf.select(params, f"method.{method}.kind")
-        why = registry.not_applicable(str(kind), str(node)) if kind and node else None
+        why = registry.not_on_features(str(features), str(node)) if node else None
         if why is not None:
             out[model] = why
     return out

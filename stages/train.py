@@ -99,10 +99,10 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
     prepared = read_prepared_input(dataset, stream=streamed)
     # Before any work: a clear error naming the method and the dataset, not a crash in tokenising.
     check_text_input(method, cfg, dataset, prepared.meta.get("kind"), has_text=prepared.text is not None)
-    why = registry.not_applicable(str(prepared.meta["kind"]), cfg.kind) if prepared.meta.get("kind") else None
+    why = registry.not_on_features(str(prepared.meta.get("features", "continuous")), cfg.kind)
     if why is not None:  # the DAG makes no such stage; by hand, one line and nothing written
         raise ConfigError(f"method.{method} (kind {cfg.kind}) does not apply to dataset '{dataset}' "
-                          f"(kind {prepared.meta['kind']}, discrete features): {why}")
+                          f"(kind {prepared.meta.get('kind')}, discrete features): {why}")
     # and every output location takes a file: a read-only folder stops it now, not after training
     check_writable(checkpoint_dir(f"train@{dataset}-{method}-{seed_i}") / "epoch.safetensors", folders=[model_dir(dataset, method, seed_i)])
     job = TrainJob(dataset, method, seed_i, cfg, prepared, settings.checkpoint_every, settings.resume)

@@ -147,10 +147,14 @@ def not_applicable(dataset_kind: str, method_kind: str) -> str | None:
     """Why method `method_kind` does not apply to a dataset of kind `dataset_kind` (one line), or
     None when it does. stages/dag.py reads the same registrations from the source (no train or
     evaluate stage is made for such a pair) and the report shows the pair as n/a with this line."""
-    d, m = dataset(dataset_kind), method(method_kind)
-    if d.features == "discrete" and m.not_on_discrete:
-        return m.not_on_discrete
-    return None
+    return not_on_features(dataset(dataset_kind).features, method_kind)
+
+
+def not_on_features(features: str, method_kind: str) -> str | None:
+    """`not_applicable` from a dataset's `features` (what a prepared file's metadata records, so a
+    stage that reads the file needs no dataset module)."""
+    m = method(method_kind)
+    return m.not_on_discrete if features == "discrete" else None
 
 
 _METHODS: dict[str, MethodSpec] = {}
