@@ -11,7 +11,7 @@ section 5.2) and its public code (facebookresearch/InvariantRiskMinimization,
     x      = two channels; channel `colour` holds the image, the other is zero (2×14×14)
     a      = colour
 
-ρ per training environment (`rho_train`, IRM's two: 0.9 and 0.8; train rows are dealt to them in
+ρ per training environment (`rho_train`, IRM's two in its order: 0.8 and 0.9; train rows are dealt to them in
 turn, so train's colour agrees with y 85 % of the time, more than the class's 75 %: the shortcut),
 and `rho_ood` for test_ood (IRM's test environment: 0.1). val and test_id are drawn like train
 (dealt to the environments in turn): they are in-distribution.
@@ -57,7 +57,7 @@ class ColouredIdxConfig:
     seed: int = option("seed of the val/train draw, the train subsample and their label noise and colours")
     test_seed: int = option("seed of the test splits' label noise and colours (fixed across replicates)")
     label_noise: float = option("P(y is flipped) (IRM: 0.25)")
-    rho_train: list[float] = option("P(colour == y) in each training environment; train, val and test_id rows are dealt to them in turn (IRM: [0.9, 0.8])")
+    rho_train: list[float] = option("P(colour == y) in each training environment; train, val and test_id rows are dealt to them in turn (IRM: [0.8, 0.9], its even rows then its odd rows)")
     rho_ood: float = option("P(colour == y) in test_ood (IRM's test environment: 0.1)")
     val_size: int = option("images of MNIST's training set drawn into val")
     train_size: int | None = option("train images: a seeded subsample of the rest (null = all of them)")
