@@ -25,14 +25,12 @@ Data: stage fetch@<source.name> (stages/datasets/packages.py).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.core.artifacts import SPLITS
 from stages.core.io import ArtifactError
 from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
@@ -161,31 +159,16 @@ def generate(cfg: AdultConfig) -> Generated:
         "y": np.concatenate([p[3] for p in parts]),
         "a": np.concatenate([p[4] for p in parts]),
     }
-    agree = columns["y"] == columns["a"]
-    meta = {
-        "kind": cfg.kind,
-        "n_classes": 2,
-        "n_attrs": 2,
-        "shape": [len(features)],
-        "rho_train": round(float(agree[split == "train"].mean()), 6),
-        "rho_ood": round(float(agree[split == "test_ood"].mean()), 6),
-        "params": dataclasses.asdict(cfg),
-        # what validate checks x against (stages/validation/expectations.py `x_domain`)
-        "x_domain": {"binary_from": len(NUMERIC)},
-        "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
-        "classes": ["income <=50K", "income >50K"],
-        "attributes": ["Female", "Male"],
-        "features": features,
-        "source": {"package": cfg.source.spec(), "client": cfg.source.client, "licence": cfg.source.licence},
+    published = {
+        "source": "UCI Adult, adult.names: 45,222 instances without unknowns (30,162 + 15,060)",
+        "expected": {k: [v] for k, v in PUBLISHED_COMPLETE.items()},
+        "observed": {"train": [len(data)], "test": [len(test)]},
     }
-    if cfg.drop_missing:
-        meta["published_counts"] = {
-            "source": "UCI Adult, adult.names: 45,222 instances without unknowns (30,162 + 15,060)",
-            "expected": {k: [v] for k, v in PUBLISHED_COMPLETE.items()},
-            "observed": {"train": [len(data)], "test": [len(test)]},
-        }
-    # the test splits are the same in every replicate (test_seed): the report's evidence shares them
-    meta["test_sha256"] = raw.test_fingerprint(columns)
+    meta = raw.fetched_meta(
+        cfg, columns, [len(features)], {"binary_from": len(NUMERIC)},
+        classes=["income <=50K", "income >50K"], attributes=["Female", "Male"], features=features,
+        **({"published_counts": published} if cfg.drop_missing else {}),
+    )
     return columns, meta
 
 

@@ -26,14 +26,12 @@ research only. Data: stage fetch@<source.name> (stages/datasets/packages.py).
 
 from __future__ import annotations
 
-import dataclasses
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from stages.core.artifacts import SPLITS
 from stages.core.io import ArtifactError
 from stages.core.registry import register_dataset
 from stages.core.schema import Checks, option
@@ -125,27 +123,13 @@ def generate(cfg: CelebAAttributesConfig) -> Generated:
     split = np.concatenate([np.full(len(idx), name, dtype=object) for name, idx in parts])
     ids = np.where(split == "test_ood", n + rows, rows).astype(np.int64)
     columns = {"id": ids, "split": split, "y": y[rows], "a": a[rows], "x": x[rows]}
-    agree = columns["y"] == columns["a"]
-    meta = {
-        "kind": cfg.kind,
-        "n_classes": 2,
-        "n_attrs": 2,
-        "shape": [len(keep)],
-        "rho_train": round(float(agree[split == "train"].mean()), 6),
-        "rho_ood": round(float(agree[split == "test_ood"].mean()), 6),
-        "params": dataclasses.asdict(cfg),
-        # what validate checks x against (stages/validation/expectations.py `x_domain`)
-        "x_domain": {"range": [0.0, 1.0], "binary_from": 0},
-        "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
-        "classes": [f"not {cfg.target}", cfg.target],
-        "attributes": [f"not {cfg.attribute}", cfg.attribute],
-        "features": [ATTRIBUTES[i] for i in keep],
-        "source": {"package": cfg.source.spec(), "client": cfg.source.client, "licence": cfg.source.licence},
-    }
-    if published is not None:
-        meta["published_counts"] = published
-    # the test splits are the same in every replicate (test_seed): the report's evidence shares them
-    meta["test_sha256"] = raw.test_fingerprint(columns)
+    meta = raw.fetched_meta(
+        cfg, columns, [len(keep)], {"range": [0.0, 1.0], "binary_from": 0},
+        classes=[f"not {cfg.target}", cfg.target],
+        attributes=[f"not {cfg.attribute}", cfg.attribute],
+        features=[ATTRIBUTES[i] for i in keep],
+        **({"published_counts": published} if published is not None else {}),
+    )
     return columns, meta
 
 

@@ -30,12 +30,10 @@ plays that part. Data: stage fetch@<source.name> (stages/datasets/packages.py).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from stages.core.artifacts import SPLITS
 from stages.core.io import ArtifactError
 from stages.core.schema import Checks, option
 from stages.datasets import Generated, raw
@@ -146,29 +144,15 @@ def generate(cfg: ColouredIdxConfig, classes: list[str]) -> Generated:
         "a": np.concatenate([p[4] for p in parts]),
         "x": np.concatenate([p[2] for p in parts]),
     }
-    agree = columns["y"] == columns["a"]
-    meta = {
-        "kind": cfg.kind,
-        "n_classes": 2,
-        "n_attrs": 2,
-        "shape": list(SHAPE),
-        "layout": "CHW",
-        # observed P(a == y): the colours are Bernoulli draws, as in IRM's code
-        "rho_train": round(float(agree[split == "train"].mean()), 6),
-        "rho_ood": round(float(agree[split == "test_ood"].mean()), 6),
-        "params": dataclasses.asdict(cfg),
-        # what validate checks x against (stages/validation/expectations.py `x_domain`)
-        "x_domain": {"range": [0.0, 1.0]},
-        "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
-        "classes": classes,
-        "attributes": ["colour 0 (the digit in channel 0)", "colour 1 (the digit in channel 1)"],
-        "published_counts": {
+    # the observed P(a == y) (raw.fetched_meta): the colours are Bernoulli draws, as in IRM's code
+    meta = raw.fetched_meta(
+        cfg, columns, list(SHAPE), {"range": [0.0, 1.0]},
+        layout="CHW", classes=classes,
+        attributes=["colour 0 (the digit in channel 0)", "colour 1 (the digit in channel 1)"],
+        published_counts={
             "source": "MNIST (LeCun et al. 1998) and Fashion-MNIST (Xiao et al. 2017): 60,000 training and 10,000 test images",
             "expected": {k: [v] for k, v in PUBLISHED_SIZES.items()},
             "observed": {"train": [len(train_x)], "test": [len(test_x)]},
         },
-        "source": {"package": cfg.source.spec(), "client": cfg.source.client, "licence": cfg.source.licence},
-    }
-    # the test splits are the same in every replicate (test_seed): the report's evidence shares them
-    meta["test_sha256"] = raw.test_fingerprint(columns)
+    )
     return columns, meta

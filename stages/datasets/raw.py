@@ -275,6 +275,33 @@ def test_fingerprint(columns: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def fetched_meta(cfg: Any, columns: Mapping[str, np.ndarray], shape: list[int], x_domain: dict[str, Any],
+                 **more: Any) -> dict[str, Any]:
+    """The metadata of a binary task read from a registry package (stages/datasets/packages.py),
+    from its generator's `columns`: the observed P(a == y) in train and test_ood, the split sizes,
+    the package, what validate checks x against (`x_domain`, stages/validation/expectations.py)
+    and `test_sha256` (the test splits are the same in every replicate: `test_seed`; the report's
+    evidence shares them); `more` adds or overrides keys."""
+    import dataclasses
+
+    split, agree = np.asarray(columns["split"]), columns["y"] == columns["a"]
+    meta = {
+        "kind": cfg.kind,
+        "n_classes": 2,
+        "n_attrs": 2,
+        "shape": shape,
+        "rho_train": round(float(agree[split == "train"].mean()), 6),
+        "rho_ood": round(float(agree[split == "test_ood"].mean()), 6),
+        "params": dataclasses.asdict(cfg),
+        "x_domain": x_domain,
+        "split_sizes": {name: int((split == name).sum()) for name in SPLITS},
+        "source": {"package": cfg.source.spec(), "client": cfg.source.client, "licence": cfg.source.licence},
+        **more,
+    }
+    meta["test_sha256"] = test_fingerprint(columns)
+    return meta
+
+
 def balanced_resample(g: np.ndarray, n_groups: int, rng: np.random.Generator) -> np.ndarray:
     """Row indices (sorted) of a group-balanced resample of rows with groups `g`: from every
     group, a seeded draw without replacement of as many rows as the smallest group has (all of
