@@ -24,7 +24,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import typing
 from pathlib import Path
 
@@ -64,13 +63,11 @@ def refused_before_prefect(module: str, args: list[str], cwd: Path, limit: float
         return {p.relative_to(cwd).as_posix(): p.read_bytes() for p in sorted(cwd.rglob("*")) if p.is_file()}
 
     before = files()
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env(), text=True, capture_output=True, timeout=300)
-    seconds = time.monotonic() - t0
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env(), text=True, capture_output=True,
+                          timeout=limit)  # a hang guard, not a timing
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_line(proc.stderr)
     assert proc.stdout == "" and "prefect" not in proc.stderr.lower()  # no flow run, no Prefect server
-    assert seconds < limit, f"took {seconds:.0f} s"
     assert files() == before
     return line
 

@@ -31,7 +31,8 @@ from tests.support import project_env
 REPO = Path(__file__).resolve().parents[1]
 DS = "gaussian_shortcut"
 SMALL = [f"dataset.{DS}.n_train=400", f"dataset.{DS}.n_val=100", f"dataset.{DS}.n_test_id=100", f"dataset.{DS}.n_test_ood=100"]
-# Training that would take minutes: a refusal within seconds proves it never started.
+# Training that would take hours: a refusal before the command's 300 s timeout (a hang guard, not a
+# timing) proves it never started.
 LONG = ["method.erm.epochs=100000"]
 SEED_RANGE = "[0, 4294967295]"
 # One worker runs the module: the cases' fixture (every case, each a fresh interpreter) is built once,
@@ -60,7 +61,6 @@ class Case:
     args: tuple[str, ...]
     names: tuple[str, ...]  # each must appear in the error line
     mutate: Callable[[Path], None] | None = None
-    fast: float = 0.0  # > 0: a hang guard, in seconds (generous: shared machines slow down 5x; no timing is asserted)
 
     @property
     def prog(self) -> str:
@@ -78,9 +78,9 @@ CASES = [
     Case("dataset-seed-negative", "stages.prepare", (DS, f"dataset.{DS}.seed=-1"), (f"dataset.{DS}.seed", "seed -1", SEED_RANGE)),
     # outputs that cannot be written: refused before any work
     Case("output-parent-is-a-file", "stages.train", (DS, "erm", "0", *LONG), ("data/models", "a file is where the output folder"),
-         file_at("data/models"), fast=300),
+         file_at("data/models")),
     Case("output-folder-is-a-file", "stages.train", (DS, "erm", "0", *LONG), ("data/models/gaussian_shortcut/erm/seed=0", "a file is where"),
-         file_at("data/models/gaussian_shortcut/erm/seed=0"), fast=300),
+         file_at("data/models/gaussian_shortcut/erm/seed=0")),
     Case("output-file-is-a-folder", "stages.prepare", (DS, *SMALL), (f"data/prepared/{DS}.parquet", "a folder is where"),
          lambda root: (root / "data/prepared" / f"{DS}.parquet").unlink() or folder_at(f"data/prepared/{DS}.parquet")(root)),
     Case("validate-output-parent-is-a-file", "stages.validate", (DS,), ("data/validated", "a file is where"), file_at("data/validated")),
@@ -183,8 +183,6 @@ def test_a_refusal_is_one_line_naming_the_offending_thing(case, outcomes):
         assert name in line, f"{name!r} not in {line!r}"
     assert o.out == "", o.out[-2000:]
     assert o.changed == [], f"files changed or appeared: {o.changed}"
-    if case.fast:
-        assert o.seconds < case.fast, f"took {o.seconds:.1f} s: hung?"
     documented = documented_message(case.id)
     assert documented, f"docs/reliability.md has no row {case.id!r}"
     printed = " ".join(line.replace("`", "").split())

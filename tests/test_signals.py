@@ -145,11 +145,11 @@ def wait_until_both_run(root: Path, flow: subprocess.Popen[str], marker: str) ->
 def ended(flow: subprocess.Popen[str], since: float, marker: str) -> tuple[int, float, str, str]:
     """(exit code, seconds since `since`, stdout, stderr) once the flow exits; kills it all if it does not."""
     try:
-        out, err = flow.communicate(timeout=60)
+        out, err = flow.communicate(timeout=120)  # a hang guard, not a timing
     except subprocess.TimeoutExpired:
         kill_run(flow, marker)
         out, err = flow.communicate()
-        pytest.fail(f"the flow did not stop within 60 s of the signal:\n{err[-3000:]}")
+        pytest.fail(f"the flow did not stop within 120 s of the signal:\n{err[-3000:]}")
     return flow.returncode, time.monotonic() - since, out, err
 
 
@@ -195,12 +195,11 @@ def test_ctrl_c_on_the_process_group_stops_the_stages_restores_their_outputs_and
         assert not (root / "models/a").exists() and not (root / "models/b").exists()  # DVC removed them to run the stages
         sent = time.monotonic()
         os.killpg(flow.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        code, took, out, err = ended(flow, sent, marker)
+        code, _, out, err = ended(flow, sent, marker)
     finally:
         kill_run(flow, marker)
     # block@a stopped on SIGINT (exit 130); block@b ignores it and is SIGKILLed after the grace period.
     assert code == 130, err[-3000:]
-    assert took < 120, f"took {took:.1f} s: hung?"  # a hang guard; the grace period itself is in the messages below
     assert "block@a stopped by SIGINT (its command exited 130)" in err
     assert "block@b stopped by SIGINT (its command exited -9)" in err, err[-3000:]
     assert_one_line_and_restored(root, good, err, out, STOPPED.format(sig="SIGINT"), marker)
@@ -226,12 +225,11 @@ def test_sigterm_to_the_flow_process_alone_then_a_second_one_ends_it_at_once_exi
         while alive(stubborn) and time.monotonic() - again < 10:
             time.sleep(0.02)
         killed_after = time.monotonic() - again
-        code, took, out, err = ended(flow, sent, marker)
+        code, _, out, err = ended(flow, sent, marker)
     finally:
         kill_run(flow, marker)
     assert code == 143, err[-3000:]
     assert killed_after < 2, f"block@b lived {killed_after:.1f} s after the second signal"
-    assert took < 10, f"took {took:.1f} s"
     assert "block@a stopped by SIGTERM (its command exited -15)" in err
     # block@b runs in DVC's shell, $SHELL or /bin/sh. bash execs its one command, so the shell's exit
     # is block.py's SIGKILL (-9); dash (/bin/sh where SHELL is unset, as in CI) does not: the shell
