@@ -33,7 +33,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from stages.core.cli import parse_seed, stage_main
-from stages.core.config import configure_runtime, section, section_help
+from stages.core.config import configure_runtime, maker_config, section, section_help
 from stages.core.settings import DistillConfig, student_name
 
 if TYPE_CHECKING:
@@ -98,7 +98,8 @@ def run(params: DictConfig, dataset: str, teacher: str, seed: str) -> str:
     prepared = read_prepared_input(dataset)
     # The teacher must be this method's model for this dataset and seed, trained on this prepared file.
     made_for = provenance.Expected(
-        dataset, f"train@{dataset}-{teacher}-{seed_i}", model=teacher, seed=seed_i, inputs=(prepared_path(dataset),)
+        dataset, f"train@{dataset}-{teacher}-{seed_i}", model=teacher, seed=seed_i, inputs=(prepared_path(dataset),),
+        config=maker_config(params, f"method.{teacher}"), config_key=f"method.{teacher}",
     )
     teacher_model = load_model(teacher_dir, expect=made_for)
     check_writable(folders=[model_dir(dataset, student_name(teacher), seed_i)])  # before any work, not after it

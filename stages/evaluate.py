@@ -37,7 +37,7 @@ from stages.core.artifacts import (
     read_prepared,
 )
 from stages.core.cli import stage_main
-from stages.core.config import configure_runtime, section, section_help
+from stages.core.config import configure_runtime, maker_config, section, section_help
 from stages.core.io import (
     PROVENANCE,
     ArtifactError,
@@ -421,8 +421,10 @@ def run(params: Any, dataset: str, model: str, seed: str) -> str:
 
     setup_torch(seed_int)  # stochastic scorers (noise draws) use the seeded RNG
     # Weights made for another model, dataset, seed or prepared file are refused (stages/core/provenance.py).
+    key = "distill" if model.endswith(STUDENT_SUFFIX) else f"method.{model}"
     made_for = provenance.Expected(
-        dataset, producing_stage(dataset, model, seed_int), model=model, seed=seed_int, inputs=(prepared_file,)
+        dataset, producing_stage(dataset, model, seed_int), model=model, seed=seed_int, inputs=(prepared_file,),
+        config=maker_config(params, key), config_key=key,
     )
     classifier = load_model(mdir, expect=made_for)
     if getattr(classifier, "on_accelerator", False):  # onto runtime.device; its logits come back to the CPU

@@ -43,6 +43,7 @@ from stages.core.config import (
     defaults,
     describe_section,
     help_params,
+    maker_config,
     method_config,
     section,
 )
@@ -105,7 +106,10 @@ def run(params: DictConfig, dataset: str, method: str, seed: str) -> str:
                           f"(kind {prepared.meta.get('kind')}, discrete features): {why}")
     # and every output location takes a file: a read-only folder stops it now, not after training
     check_writable(checkpoint_dir(f"train@{dataset}-{method}-{seed_i}") / "epoch.safetensors", folders=[model_dir(dataset, method, seed_i)])
-    job = TrainJob(dataset, method, seed_i, cfg, prepared, settings.checkpoint_every, settings.resume)
+    # what the artifacts it builds on must have been made under (the params it runs with)
+    reads = (["pretrain"] if spec.needs_pretrained(cfg) else []) + [f"method.{m}" for m in [spec.upstream_method(cfg)] if m]
+    built_on = {key: made for key in reads if (made := maker_config(params, key)) is not None}
+    job = TrainJob(dataset, method, seed_i, cfg, prepared, settings.checkpoint_every, settings.resume, built_on)
     try:
         trained = spec.train(job)
     except NonFiniteLoss as e:  # one line naming the stage and the key to change

@@ -358,6 +358,8 @@ CASES = [
          (str(model_dir("colored_digits", "erm", 0) / M.name), "trained on dataset 'gaussian_shortcut', not 'colored_digits'")),
     Case("prepared-file-changed-since-training", "models", *EVAL, rewrite(setitem("x", 0, 3.0)),
          (str(M), f"trained on another version of {P}", "dvc repro train@gaussian_shortcut-erm-0")),
+    Case("weights-trained-under-other-settings", "models", *EVAL, edit_params("    hidden:\n    - 8\n", "    hidden:\n    - 64\n"),
+         (str(M), "was trained under other settings of method.erm", "hidden: [8] there, [64] now", "dvc repro train@gaussian_shortcut-erm-0")),
 ]
 
 
@@ -377,6 +379,7 @@ def base(tmp_path_factory) -> Path:
     try:
         shutil.copy(REPO / "params.yaml", "params.yaml")
         shutil.copytree(REPO / "conf", "conf")
+        assert config.main(["compose", *FAST]) == 0  # params.yaml holds FAST: every stage reads the same settings
         rewrite(lambda c: None)()
         assert validate.main([DS]) == 0
         assert train.main([DS, "erm", "0", *FAST]) == 0

@@ -212,9 +212,9 @@ def test_a_corrupt_value_in_a_streamed_float_file_names_row_and_id(tmp_path):
 def test_evaluate_streamed_writes_the_same_bytes_as_in_memory(images):
     assert train.main([DS, "erm", "0", *FAST, "runtime.stream=true"]) == 0
     outputs = (predictions_path(DS, "erm", 0), metrics_path(DS, "erm", 0))
-    assert evaluate.main([DS, "erm", "0", "evaluate.batch_size=96"]) == 0
+    assert evaluate.main([DS, "erm", "0", *FAST, "evaluate.batch_size=96"]) == 0
     in_memory = [p.read_bytes() for p in outputs]
-    assert evaluate.main([DS, "erm", "0", "evaluate.batch_size=96", "runtime.stream=true"]) == 0
+    assert evaluate.main([DS, "erm", "0", *FAST, "evaluate.batch_size=96", "runtime.stream=true"]) == 0
     assert [p.read_bytes() for p in outputs] == in_memory
 
 

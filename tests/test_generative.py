@@ -378,7 +378,7 @@ def test_train_and_evaluate_stages_run_the_generative_methods(tmp_path, monkeypa
         if method != "qda":
             assert config["selection"] == "val_worst_group" and config["selected_epoch"] >= 1
             assert set(config["selections"]) == {"val_avg", "val_worst_group", "oracle"}
-        assert evaluate.main(["gaussian_shortcut", method, "0", *params]) == 0
+        assert evaluate.main(["gaussian_shortcut", method, "0", *overrides, *params]) == 0  # the params it was trained under
         assert predictions_path("gaussian_shortcut", method, 0).is_file()
         assert config["metrics"]["test_id"]["acc"] > 0.7  # chance 0.5; the shortcut alone gives 0.95
     assert read_prepared("data/prepared/gaussian_shortcut.parquet").n_classes == 2
@@ -398,6 +398,6 @@ def test_stages_train_evaluate_and_distill_a_byte_level_autoregressive_model(tmp
     arch = read_json(folder / CONFIG)["architecture"]
     assert arch["tokenizer"] == "bytes" and arch["max_len"] == 48
     assert load_model(folder).input == "text"
-    assert evaluate.main(["shortcut_text", "autoregressive", "0", *params]) == 0
+    assert evaluate.main(["shortcut_text", "autoregressive", "0", *tiny, *params]) == 0
     assert predictions_path("shortcut_text", "autoregressive", 0).is_file()
-    assert distill.main(["shortcut_text", "autoregressive", "0", "distill.epochs=1", *params]) == 0
+    assert distill.main(["shortcut_text", "autoregressive", "0", "distill.epochs=1", *tiny, *params]) == 0

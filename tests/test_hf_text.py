@@ -164,7 +164,7 @@ def test_train_and_evaluate_stages_record_the_files(text_data: Prepared, tmp_pat
     assert config["weights"] == {"path": str(tmp_path / "bert.safetensors"), "sha256": file_sha256(tmp_path / "bert.safetensors")}
     assert config["vocab"]["sha256"] == file_sha256(tmp_path / "vocab.txt")
     (tmp_path / "bert.safetensors").unlink()  # evaluate rebuilds the model from model.safetensors alone
-    assert evaluate.main(["shortcut_text", "text_erm", "0", *PARAMS]) == 0
+    assert evaluate.main(["shortcut_text", "text_erm", "0", *overrides, *PARAMS]) == 0  # the params it was trained under
 
 
 def test_bad_weights_and_vocab_are_one_line_errors_naming_the_file(text_data: Prepared, tmp_path: Path) -> None:

@@ -144,7 +144,7 @@ def reference(tmp_path_factory) -> dict[str, dict[str, bytes]]:
             out[method] = folder_bytes(model_dir(DS, method, 0))
         assert train.main([DS, "autoregressive", "0", *PLATEAU]) == 0
         out["plateau"] = folder_bytes(model_dir(DS, "autoregressive", 0))
-        assert evaluate.main([DS, "erm", "0"]) == 0
+        assert evaluate.main([DS, "erm", "0", *fast("erm")]) == 0
         out["evaluate"] = {"predictions": predictions_path(DS, "erm", 0).read_bytes(),
                            "metrics": metrics_path(DS, "erm", 0).read_bytes(), **{
                                f"plots/{k}": v for k, v in folder_bytes(plots_dir(DS, "erm", 0)).items()}}
@@ -274,7 +274,7 @@ def test_sigkill_mid_parquet_write_keeps_the_old_output_and_the_rerun_cleans_up(
     path.parent.mkdir(parents=True)
     path.write_bytes(b"the previous predictions")
     # Killed after the new Parquet is complete in its temp file, before the rename.
-    killed = run_stage("evaluate", DS, "erm", "0", fault=f"kill_before_rename:{path.name}")
+    killed = run_stage("evaluate", DS, "erm", "0", *fast("erm"), fault=f"kill_before_rename:{path.name}")
     assert killed.returncode == -signal.SIGKILL
     assert path.read_bytes() == b"the previous predictions", "the previous output is untouched"
     [stray] = strays(work)
@@ -282,11 +282,11 @@ def test_sigkill_mid_parquet_write_keeps_the_old_output_and_the_rerun_cleans_up(
 
     # A first write, killed: no output at all, only the stray temp.
     path.unlink()
-    assert run_stage("evaluate", DS, "erm", "0", fault=f"kill_before_rename:{path.name}").returncode == -signal.SIGKILL
+    assert run_stage("evaluate", DS, "erm", "0", *fast("erm"), fault=f"kill_before_rename:{path.name}").returncode == -signal.SIGKILL
     # That write swept the first killed writer's temp before making its own.
     assert not path.exists() and len(strays(work)) == 1 and strays(work) != [stray]
 
-    assert run_stage("evaluate", DS, "erm", "0").returncode == 0
+    assert run_stage("evaluate", DS, "erm", "0", *fast("erm")).returncode == 0
     assert strays(work) == [], "the next write of the output deletes the temps of killed writers"
     assert path.read_bytes() == reference["evaluate"]["predictions"]
 
@@ -302,11 +302,11 @@ def test_sigkill_mid_model_write_and_mid_evaluation_then_rerun_is_byte_identical
     assert folder_bytes(model_dir(DS, "erm", 0)) == reference["erm"] and strays(work) == []
 
     # Evaluate killed between its predictions and its metrics: metrics missing, then restored exactly.
-    killed = run_stage("evaluate", DS, "erm", "0", fault=f"kill_before_rename:{metrics_path(DS, 'erm', 0).name}")
+    killed = run_stage("evaluate", DS, "erm", "0", *fast("erm"), fault=f"kill_before_rename:{metrics_path(DS, 'erm', 0).name}")
     assert killed.returncode == -signal.SIGKILL
     assert predictions_path(DS, "erm", 0).is_file() and not metrics_path(DS, "erm", 0).exists()
     assert len(strays(work)) == 1
-    assert run_stage("evaluate", DS, "erm", "0").returncode == 0
+    assert run_stage("evaluate", DS, "erm", "0", *fast("erm")).returncode == 0
     assert strays(work) == []
     assert predictions_path(DS, "erm", 0).read_bytes() == reference["evaluate"]["predictions"]
     assert metrics_path(DS, "erm", 0).read_bytes() == reference["evaluate"]["metrics"]

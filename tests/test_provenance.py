@@ -30,7 +30,9 @@ from stages.models import CONFIG, EMBEDDINGS, ENCODER, FINAL_WEIGHTS, HISTORY, W
 from tests.test_train import DS, write_prepared
 
 FAST = ["method.erm.epochs=2", "method.erm.hidden=[8]", "method.groupdro.epochs=2", "method.groupdro.hidden=[8]"]
-EVAL = ["evaluate.shift_regenerate_n=0", "evaluate.bootstrap_resamples=0"]  # the toy file has no generator params
+# the toy file has no generator params; FAST: a reader runs under the params its model was trained with
+EVAL = [*FAST, "evaluate.shift_regenerate_n=0", "evaluate.bootstrap_resamples=0"]
+PRE = ["pretrain.epochs=1", "pretrain.hidden=[8,3]"]
 PREPARED = prepared_path(DS).as_posix()
 
 
@@ -88,7 +90,7 @@ def test_every_artifact_records_what_made_it(workdir):
 
 def test_models_built_on_another_model_record_its_weights(workdir):
     trained("erm")
-    assert train.main([DS, "dfr", "0", "method.dfr.c_grid=[0.1]", "method.dfr.n_refits=2"]) == 0
+    assert train.main([DS, "dfr", "0", *FAST, "method.dfr.c_grid=[0.1]", "method.dfr.n_refits=2"]) == 0
     upstream = model_dir(DS, "erm", 0) / FINAL_WEIGHTS  # dfr's base: erm's last epoch
     made = read_json(model_dir(DS, "dfr", 0) / CONFIG)["provenance"]
     assert made["inputs"] == {PREPARED: sha256(prepared_path(DS)), upstream.as_posix(): sha256(upstream)}
@@ -100,11 +102,11 @@ def test_models_built_on_another_model_record_its_weights(workdir):
     assert (student["model"], student["kind"], student["stage"]) == ("lda_student", "distill", f"distill@{DS}-lda-0")
     assert student["inputs"] == {PREPARED: sha256(prepared_path(DS)), teacher.as_posix(): sha256(teacher)}
 
-    assert pretrain.main([DS, "pretrain.epochs=1", "pretrain.hidden=[8,3]"]) == 0
+    assert pretrain.main([DS, *PRE]) == 0
     encoder = read_weights_meta(pretrained_dir(DS) / ENCODER)["provenance"]
     assert read_metadata(pretrained_dir(DS) / EMBEDDINGS)["provenance"] == encoder
     assert (encoder["model"], encoder["stage"], encoder["inputs"]) == ("pretrain", f"pretrain@{DS}", {PREPARED: sha256(prepared_path(DS))})
-    assert train.main([DS, "erm", "1", *FAST, "method.erm.init=pretrained"]) == 0
+    assert train.main([DS, "erm", "1", *FAST, *PRE, "method.erm.init=pretrained"]) == 0
     made = read_json(model_dir(DS, "erm", 1) / CONFIG)["provenance"]
     assert set(made["inputs"]) == {PREPARED, (pretrained_dir(DS) / ENCODER).as_posix(), (pretrained_dir(DS) / EMBEDDINGS).as_posix()}
 
@@ -198,6 +200,45 @@ def test_train_refuses_an_encoder_pretrained_on_another_prepared_file(workdir, c
     # dfr on the pretrained features meets the same check
     line = refusal(capsys, train.main, [DS, "dfr", "0", "method.dfr.features=pretrained"])
     assert f"{pretrained_dir(DS) / ENCODER} was pretrained on another version of {PREPARED}" in line
+
+
+def test_every_reader_of_weights_refuses_weights_made_under_other_settings(workdir, capsys):
+    """Weights made under other params than the reader runs with (another architecture, other
+    training) are refused in one line naming the section, both config hashes and the keys that
+    differ; the same params read them."""
+    trained("erm")  # hidden [8], 2 epochs
+    folder = model_dir(DS, "erm", 0)
+    wanted = [*EVAL[len(FAST):], "method.erm.hidden=[32]", "method.erm.epochs=2", "method.groupdro.epochs=2"]
+    line = refusal(capsys, evaluate.main, [DS, "erm", "0", *wanted])
+    assert line.startswith(f"evaluate: error: {folder / WEIGHTS} was trained under other settings of method.erm than "
+                           "the params it is read with (config_sha256 ")
+    assert "; hidden: [8] there, [32] now)" in line and "epochs" not in line
+    assert line.endswith(f"re-run `dvc repro train@{DS}-erm-0`")
+    assert not metrics_path(DS, "erm", 0).exists()
+    assert evaluate.main([DS, "erm", "0", *EVAL]) == 0  # the params it was trained under
+
+    # distill's teacher, dfr's upstream model: the same check, naming their own section
+    line = refusal(capsys, distill.main, [DS, "erm", "0", "distill.epochs=1", "distill.hidden=[8]", "method.erm.hidden=[16]"])
+    assert line.startswith(f"distill: error: {folder / WEIGHTS} was trained under other settings of method.erm")
+    assert "hidden: [8] there, [16] now" in line and not model_dir(DS, "erm_student", 0).exists()
+    line = refusal(capsys, train.main, [DS, "dfr", "0", "method.erm.epochs=2", "method.dfr.n_refits=2"])
+    assert line.startswith(f"train: error: {folder / FINAL_WEIGHTS} was trained under other settings of method.erm")
+    assert "hidden: [8] there, [64] now" in line and not model_dir(DS, "dfr", 0).exists()
+
+    # a student read by evaluate: the `distill` section
+    assert distill.main([DS, "erm", "0", *FAST, "distill.epochs=1", "distill.hidden=[8]"]) == 0
+    line = refusal(capsys, evaluate.main, [DS, "erm_student", "0", *EVAL, "distill.epochs=1", "distill.hidden=[4]"])
+    assert f"{model_dir(DS, 'erm_student', 0) / WEIGHTS} was trained under other settings of distill " in line
+    assert "hidden: [8] there, [4] now" in line and line.endswith(f"re-run `dvc repro distill@{DS}-erm-0`")
+
+    # the pretrained encoder a method starts from (and dfr's features=pretrained reads): `pretrain`
+    assert pretrain.main([DS, *PRE]) == 0
+    line = refusal(capsys, train.main, [DS, "erm", "1", *FAST, "pretrain.epochs=1", "method.erm.init=pretrained"])
+    assert line.startswith(f"train: error: {pretrained_dir(DS) / ENCODER} was pretrained under other settings of pretrain")
+    assert line.endswith(f"re-run `dvc repro pretrain@{DS}`") and not model_dir(DS, "erm", 1).exists()
+    line = refusal(capsys, train.main, [DS, "dfr", "1", "pretrain.epochs=3", "pretrain.hidden=[8,3]", "method.dfr.features=pretrained"])
+    assert f"{pretrained_dir(DS) / ENCODER} was pretrained under other settings of pretrain" in line
+    assert train.main([DS, "erm", "1", *FAST, *PRE, "method.erm.init=pretrained"]) == 0
 
 
 def test_the_report_refuses_predictions_and_metrics_whose_provenance_disagrees_with_their_path(workdir):

@@ -44,9 +44,9 @@ def tiny_run(tmp_path_factory: pytest.MonkeyPatch) -> dict:
         assert prepare.main([DS, *SMALL]) == 0
         for t in TEACHERS:
             assert train.main([DS, t, "0", *TINY]) == 0
-            assert distill.main([DS, t, "0", *STUDENT]) == 0
-            for model in (t, f"{t}_student"):
-                assert evaluate.main([DS, model, "0", "evaluate.bootstrap_resamples=0"]) == 0
+            assert distill.main([DS, t, "0", *TINY, *STUDENT]) == 0
+            for model in (t, f"{t}_student"):  # under the params they were made with
+                assert evaluate.main([DS, model, "0", *TINY, *STUDENT, "evaluate.bootstrap_resamples=0"]) == 0
         models = [*TEACHERS, *(f"{t}_student" for t in TEACHERS)]
         run = [f"run.datasets=[{DS}]", f"run.methods=[{','.join(TEACHERS)}]", f"run.teachers=[{','.join(TEACHERS)}]",
                f"run.models=[{','.join(models)}]", "run.seeds=[0]", "evaluate.bootstrap_resamples=0",

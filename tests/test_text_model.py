@@ -128,7 +128,7 @@ def test_train_evaluate_and_distill_stages_on_a_text_model(tmp_path: Path, monke
     assert config["selection"] == "val_avg" and set(config["selections"]) == {"val_avg", "val_worst_group", "oracle"}
     assert config["metrics"]["val"]["acc"] > 0.8
     assert not (tmp_path / "scratch" / "checkpoints" / "train@shortcut_text-text_erm-0").exists()  # cleared
-    assert evaluate.main(["shortcut_text", "text_erm", "0", *PARAMS]) == 0
+    assert evaluate.main(["shortcut_text", "text_erm", "0", *tiny, *PARAMS]) == 0
     metrics = read_json(metrics_path("shortcut_text", "text_erm", 0))
     assert metrics["model_config"]["kind"] == "text_erm" and metrics["cost"]["parameters"] > 0
     predictions = pq.read_table(predictions_path("shortcut_text", "text_erm", 0))
@@ -136,7 +136,7 @@ def test_train_evaluate_and_distill_stages_on_a_text_model(tmp_path: Path, monke
     assert np.array_equal(predictions.column("pred").to_numpy(), load_model(folder).logits(p.text).argmax(1))
     assert metrics["splits"]["val"]["acc"] == pytest.approx(config["metrics"]["val"]["acc"])
     # a text teacher's soft labels train the (bag-of-words x) student
-    assert distill.main(["shortcut_text", "text_erm", "0", "distill.epochs=1", *PARAMS]) == 0
+    assert distill.main(["shortcut_text", "text_erm", "0", "distill.epochs=1", *tiny, *PARAMS]) == 0
 
 
 def test_text_erm_on_a_dataset_without_text_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -171,7 +171,7 @@ def test_pretrain_reads_no_labels_and_feeds_train(workdir):
     assert outputs() == before and folder_bytes(out) != first
 
     # Fine-tuning starts from the pretrained encoder; its architecture wins over method.erm.hidden.
-    assert train.main([DS, "erm", "0", "method.erm.init=pretrained", "method.erm.epochs=1"]) == 0
+    assert train.main([DS, "erm", "0", *args[1:], "method.erm.init=pretrained", "method.erm.epochs=1"]) == 0
     _, meta = load_weights(model_dir(DS, "erm", 0) / WEIGHTS)
     assert meta["hidden"] == [8, 3]
     config = read_json(model_dir(DS, "erm", 0) / CONFIG)
@@ -203,7 +203,7 @@ def test_distilled_student_agrees_with_its_lda_teacher(workdir, capsys):
 def test_any_trained_model_can_be_a_teacher(workdir, capsys):
     """An erm (mlp) teacher as well as an lda one; the student records both inference costs."""
     assert train.main([DS, "erm", "0", *FAST]) == 0
-    assert distill.main([DS, "erm", "0", "distill.epochs=4", "distill.hidden=[8]", "distill.lr=0.01"]) == 0
+    assert distill.main([DS, "erm", "0", *FAST, "distill.epochs=4", "distill.hidden=[8]", "distill.lr=0.01"]) == 0
     assert "distilled erm into erm_student" in capsys.readouterr().out
     config = read_json(model_dir(DS, "erm_student", 0) / CONFIG)
     assert config["teacher"] == "erm" and config["teacher_kind"] == "mlp"

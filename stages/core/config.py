@@ -270,6 +270,16 @@ def method_config(params: DictConfig, name: str) -> Any:
     return method_section(params, f"method.{name}")
 
 
+def maker_config(params: DictConfig, key: str) -> Any:
+    """The validated section `key` (`method.<name>`, `distill` or `pretrain`) that the stage making
+    an artifact runs under, for a reader to compare with the artifact's provenance
+    (`provenance.Expected.config`); None when params has no such section (a hand-written params
+    file), which leaves that artifact's settings unchecked."""
+    if OmegaConf.select(params, key) is None:
+        return None
+    return method_section(params, key) if key.startswith("method.") else section(params, key, STAGE_SECTIONS[key])
+
+
 def _kind(params: DictConfig, key: str, what: str) -> str:
     node = OmegaConf.select(params, key)
     if node is None:

@@ -27,7 +27,10 @@ no absolute path, so the same params and seed still give byte-identical files.
 `check` / `check_file` are the one check every consumer runs (evaluate on its model, distill on
 its teacher, a method on the upstream model or the pretrained encoder it reads, the report on
 predictions and metrics): the artifact must have been made for the dataset, model and seed
-the consumer asks for, from the same bytes of the input files both read. A mismatch is one
+the consumer asks for, from the same bytes of the input files both read, and (where the reader
+runs under params that hold the maker's section) under the same settings: `config_sha256` must be
+that of the section as the reader's params resolve it, so weights of another architecture or
+training are refused rather than used. A mismatch is one
 `ArtifactError` line naming the artifact, what it was made as, what was asked for, and the
 stage to re-run.
 """
@@ -101,7 +104,9 @@ class Expected:
     """What a consumer needs an artifact to be; None leaves a field unchecked.
 
     `inputs`: files the consumer reads too (e.g. the prepared Parquet): the artifact must have
-    been made from their present bytes. `made_by`: the stage that makes the artifact wanted,
+    been made from their present bytes. `config`: the validated params section the artifact's
+    maker runs under now (`config_key`, e.g. `method.erm`): the artifact must record the same
+    `config_sha256` (weights of another architecture or training are refused, not used). `made_by`: the stage that makes the artifact wanted,
     named in the error. `verb` and `role` word the error: "was trained as method 'x'",
     "was evaluated with model 'x'".
     """
@@ -113,6 +118,8 @@ class Expected:
     inputs: tuple[str | os.PathLike[str], ...] = ()
     verb: str = "trained"
     role: str = "as method"
+    config: Any = None
+    config_key: str = ""
 
 
 def _valid(found: Any) -> bool:
@@ -134,8 +141,11 @@ def _short(digest: Any) -> str:
     return f"{_plain(digest[:12])}…" if isinstance(digest, str) else "none recorded"
 
 
-def check(artifact: str | os.PathLike[str], found: Any, want: Expected) -> dict[str, Any]:
-    """`found` (the provenance `artifact` carries) if it is what `want` asks for, else ArtifactError."""
+def check(artifact: str | os.PathLike[str], found: Any, want: Expected, settings: Any = None) -> dict[str, Any]:
+    """`found` (the provenance `artifact` carries) if it is what `want` asks for, else ArtifactError.
+
+    `settings`: the resolved config the artifact's maker recorded beside it (a model's config.json
+    `config`), if any: a config mismatch then names the keys that differ."""
     hint = f"; re-run `dvc repro {want.made_by}`"
     if not _valid(found):
         raise ArtifactError(f"{artifact} has no provenance record (written by an older shiftlab or by hand){hint}")
@@ -154,7 +164,37 @@ def check(artifact: str | os.PathLike[str], found: Any, want: Expected) -> dict[
             raise ArtifactError(
                 f"{artifact} was {want.verb} on another version of {name} (sha256 {_short(then)} then, {_short(now)} now){hint}"
             )
+    if want.config is not None:
+        now = config_sha256(want.config)
+        if found["config_sha256"] != now:
+            raise ArtifactError(
+                f"{artifact} was {want.verb} under other settings of {want.config_key} than the params it is read with "
+                f"(config_sha256 {_short(found['config_sha256'])} there, {_short(now)} now{_differ(settings, want.config)}){hint}"
+            )
     return found
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def _differ(recorded: Any, config: Any) -> str:
+    """'; <key>: <then> there, <now> now' for up to three keys where the recorded config and the
+    present one differ ('' when nothing was recorded to compare)."""
+    if not isinstance(recorded, Mapping):
+        return ""
+    then, now = _flat(recorded), _flat(config)
+    keys = sorted(k for k in then.keys() | now.keys() if then.get(k, "<absent>") != now.get(k, "<absent>"))
+    shown = [f"{_plain(k)}: {canonical_json(then.get(k))} there, {canonical_json(now.get(k))} now" for k in keys[:3]]
+    more = f" (and {len(keys) - 3} more)" if len(keys) > 3 else ""
+    return f"; {', '.join(shown)}{more}" if shown else ""
 
 
 def read(path: str | os.PathLike[str]) -> Any:

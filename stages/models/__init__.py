@@ -25,7 +25,8 @@ generative one, which also has `log_likelihood(x)`, per-example log p(x).
 For all, softmax(logits) is the predicted p(y | x). Loading only ever parses safetensors
 (never unpickles) and rejects weights that do not fit the declared architecture; a reader
 that says what it expects (`load_model(..., expect=)`) also gets a one-line error for a model
-made for another dataset, model, seed or input file.
+made for another dataset, model, seed or input file, or under other settings than the params it
+runs under (naming the keys that differ).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from stages.core.io import (
     ArtifactError,
     fault_point,
     load_weights,
+    read_json,
     save_weights,
     sweep_stale_temps,
     temp_prefix,
@@ -178,9 +180,12 @@ def load_model(model_dir: str | os.PathLike[str], expect: prov.Expected | None =
     model = _build(meta, path)
     _load_checked(model, tensors, path)
     if expect is not None:
-        found = prov.check_file(path, expect)
-        if (Path(model_dir) / CONFIG).is_file():
-            prov.check_agree(path, found, Path(model_dir) / CONFIG, expect)
+        config_file = Path(model_dir) / CONFIG
+        recorded = read_json(config_file) if config_file.is_file() else None
+        settings = recorded.get("config") if isinstance(recorded, dict) else None
+        found = prov.check(path, prov.read(path), expect, settings)
+        if config_file.is_file():
+            prov.check_agree(path, found, config_file, expect)
     model.eval()
     return model  # type: ignore[return-value]
 

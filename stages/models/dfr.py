@@ -388,7 +388,7 @@ def dfr_classifier(standardize: Standardize, encoder: MLPEncoder, weight: np.nda
     return model.eval()
 
 
-def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -> dict[str, Any]:
+def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...], config: Any = None) -> dict[str, Any]:
     """`Embedded` for each split in `splits`, from data/pretrained/<dataset>/embeddings.parquet.
 
     Only the rows of `splits` are kept (matched to the prepared rows by id, in prepared
@@ -415,7 +415,7 @@ def read_embeddings(dataset: str, prepared: Prepared, splits: tuple[str, ...]) -
     hidden = meta.get("hidden")
     if not isinstance(hidden, list) or not hidden:
         raise ArtifactError(f"{path}: file metadata lacks the encoder widths 'hidden'")
-    provenance.check(path, meta.get(PROVENANCE), pretrained_for(dataset))
+    provenance.check(path, meta.get(PROVENANCE), pretrained_for(dataset, config))
     table = read_parquet(path, embeddings_schema(int(hidden[-1])))
     ids = table.column("id").to_numpy()
     split_col = np.asarray(table.column("split").to_pylist(), dtype=object)
@@ -442,7 +442,8 @@ def embed(standardize: Standardize, encoder: MLPEncoder, x: np.ndarray) -> np.nd
 
 
 def feature_extractor(
-    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str
+    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str,
+    built_on: dict[str, Any] | None = None,
 ) -> tuple[Path, Any, MLPEncoder | None, dict[str, Embedded]]:
     """(the file the features come from, its standardisation, its encoder, embeddings of the
     `cfg.reads_splits()` splits); for a timm network's features (model kind `backbone`): (its file,
@@ -451,7 +452,8 @@ def feature_extractor(
     features=pretrained: the pretrain stage's encoder and embeddings.parquet, whose stored val
     embeddings must be what the stored encoder gives (else the folder is stale). Otherwise the
     trained model of method `cfg.features`, same dataset and seed: its encoder's output, the
-    input of its head, is the last hidden layer.
+    input of its head, is the last hidden layer. `built_on` (TrainJob.built_on): the params
+    sections those were made under, checked against their provenance.
     """
     from stages.core import provenance
     from stages.core.artifacts import model_dir, prepared_path
@@ -460,8 +462,9 @@ def feature_extractor(
 
     splits = cfg.reads_splits()
     if cfg.features == PRETRAINED:
-        path, standardize, encoder = pretrained_encoder(dataset, prepared.x.shape[1])
-        embedded = read_embeddings(dataset, prepared, splits)
+        made = (built_on or {}).get("pretrain")
+        path, standardize, encoder = pretrained_encoder(dataset, prepared.x.shape[1], made)
+        embedded = read_embeddings(dataset, prepared, splits, made)
         z_check = embed(standardize, encoder, prepared.subset("val").x)
         val = embedded["val"]
         if z_check.shape != val.z.shape or not np.allclose(z_check, val.z, rtol=1e-4, atol=1e-4):
@@ -485,7 +488,8 @@ def feature_extractor(
         )
     # That method's model for this dataset and seed, trained on this prepared file (its provenance).
     made_for = provenance.Expected(
-        dataset, f"train@{dataset}-{cfg.features}-{seed}", model=cfg.features, seed=seed, inputs=(prepared_path(dataset),)
+        dataset, f"train@{dataset}-{cfg.features}-{seed}", model=cfg.features, seed=seed, inputs=(prepared_path(dataset),),
+        config=(built_on or {}).get(f"method.{cfg.features}"), config_key=f"method.{cfg.features}",
     )
     model = load_model(folder, expect=made_for, weights=path.name)
     if model.kind == "backbone":  # a timm network: its pooled features, its head replaced (stages/models/backbone.py)
@@ -519,7 +523,8 @@ def feature_extractor(
 
 
 def fit_head(
-    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str = ""
+    prepared: Prepared, cfg: DFRConfig, dataset: str, seed: int, key: str, method: str = "",
+    built_on: dict[str, Any] | None = None,
 ) -> tuple[MLPClassifier, dict[str, dict[str, float]], pa.Table, dict[str, Any]]:
     """DFR: a linear head on a frozen encoder, fitted on val embeddings only.
 
@@ -536,7 +541,7 @@ def fit_head(
     from stages.models.training import split_data, split_metrics
 
     setup_torch(seed)
-    path, standardize, encoder, embedded = feature_extractor(prepared, cfg, dataset, seed, key, method)
+    path, standardize, encoder, embedded = feature_extractor(prepared, cfg, dataset, seed, key, method, built_on or {})
     train_z = embedded["train"].z if "train" in embedded else None
     try:
         fit = fit_dfr(embedded["val"], prepared.n_classes, cfg, seed, train_z, embedded.get("test_ood"))
@@ -574,7 +579,7 @@ def train(job: TrainJob) -> Trained:
     from stages.models.training import Trained
 
     cfg = job.cfg
-    model, metrics, history, summary = fit_head(job.prepared, cfg, job.dataset, job.seed, job.key, job.method)
+    model, metrics, history, summary = fit_head(job.prepared, cfg, job.dataset, job.seed, job.key, job.method, job.built_on)
     selections = summary.pop("selections")
     record = {
         "architecture": model.arch(), "selection": cfg.selection, "selected_epoch": 0, "metrics": metrics,

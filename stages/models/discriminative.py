@@ -91,10 +91,11 @@ def uses_pretrained(cfg: Any) -> bool:
     return getattr(cfg, "init", "scratch") == "pretrained"
 
 
-def pretrained_encoder(dataset: str, in_dim: int) -> tuple[Path, Standardize, MLPEncoder]:
+def pretrained_encoder(dataset: str, in_dim: int, config: Any = None) -> tuple[Path, Standardize, MLPEncoder]:
     """The pretrain stage's encoder of `dataset`, for `in_dim` inputs: (its path, input
     standardisation, encoder). It must have been pretrained on this dataset's prepared file as
-    it is now (its provenance, stages/core/provenance.py)."""
+    it is now (its provenance, stages/core/provenance.py), and under `config` (the `pretrain`
+    section the reader runs with) when given."""
     from stages.core import provenance
     from stages.core.artifacts import pretrained_dir
     from stages.core.io import ArtifactError
@@ -109,16 +110,18 @@ def pretrained_encoder(dataset: str, in_dim: int) -> tuple[Path, Standardize, ML
     standardize, encoder = load_encoder(path)
     if encoder.in_dim != in_dim:
         raise ArtifactError(f"{path}: encoder expects {encoder.in_dim} inputs, the prepared data has {in_dim}")
-    provenance.check_file(path, pretrained_for(dataset))
+    provenance.check_file(path, pretrained_for(dataset, config))
     return path, standardize, encoder
 
 
-def pretrained_for(dataset: str) -> Expected:
-    """What the pretrain stage's outputs must be for a method training on `dataset`."""
+def pretrained_for(dataset: str, config: Any = None) -> Expected:
+    """What the pretrain stage's outputs must be for a method training on `dataset` (made under
+    `config`, the `pretrain` section it runs with, when given)."""
     from stages.core import provenance
     from stages.core.artifacts import prepared_path
 
-    return provenance.Expected(dataset, f"pretrain@{dataset}", inputs=(prepared_path(dataset),), verb="pretrained")
+    return provenance.Expected(dataset, f"pretrain@{dataset}", inputs=(prepared_path(dataset),), verb="pretrained",
+                               config=config, config_key="pretrain")
 
 
 def build_classifier(job: TrainJob) -> tuple[nn.Module, dict[str, Any]]:
@@ -127,7 +130,7 @@ def build_classifier(job: TrainJob) -> tuple[nn.Module, dict[str, Any]]:
     loaded when given (stages/models/backbone.py: `backbone`, `weights: {path, sha256}`)."""
     cfg = job.cfg
     if cfg.backbone == MLP:
-        return build_mlp(job.prepared, cfg, job.dataset), {}
+        return build_mlp(job.prepared, cfg, job.dataset, job.built_on.get("pretrain")), {}
     from stages.models.backbone import build
 
     return build(job.prepared, cfg.backbone, cfg.weights, job.key)
@@ -142,8 +145,9 @@ def check_input(job: TrainJob) -> None:
         image_shape(job.prepared, job.cfg.backbone, job.key)
 
 
-def build_mlp(prepared: Prepared | PreparedFile, cfg: MLPFitConfig, dataset: str) -> MLPClassifier:
-    """An MLPClassifier: fresh encoder (init=scratch) or the pretrained one (init=pretrained)."""
+def build_mlp(prepared: Prepared | PreparedFile, cfg: MLPFitConfig, dataset: str, pretrain: Any = None) -> MLPClassifier:
+    """An MLPClassifier: fresh encoder (init=scratch) or the pretrained one (init=pretrained; made
+    under `pretrain`, the section the stage runs with, when given)."""
     import numpy as np
 
     from stages.models.mlp import MLPClassifier
@@ -152,7 +156,7 @@ def build_mlp(prepared: Prepared | PreparedFile, cfg: MLPFitConfig, dataset: str
 
     in_dim = int(np.prod(prepared.shape))
     if cfg.init == "pretrained":
-        _, standardize, encoder = pretrained_encoder(dataset, in_dim)
+        _, standardize, encoder = pretrained_encoder(dataset, in_dim, pretrain)
         return MLPClassifier(encoder, prepared.n_classes, standardize)
     return MLPClassifier(MLPEncoder(in_dim, cfg.hidden), prepared.n_classes, train_standardize(prepared))
 

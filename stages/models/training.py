@@ -659,6 +659,9 @@ class TrainJob:
     prepared: Prepared
     checkpoint_every: int  # the `train` section (stages/core/settings.py TrainConfig)
     resume: bool
+    # The params sections the artifacts it reads were made under, by key (`pretrain`,
+    # `method.<upstream>`): a reader refuses one whose provenance records other settings.
+    built_on: dict[str, Any] = field(default_factory=dict)
 
     @property
     def desc(self) -> str:
