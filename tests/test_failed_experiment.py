@@ -82,3 +82,16 @@ def test_make_check_says_the_same_before_make_repro(repo, tmp_path):
     assert proc.returncode == 2
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("config: error: data/raw/civilcomments: raw data folder for 'civilcomments' not found")
+
+
+def test_an_experiment_on_a_device_this_machine_lacks_is_refused_before_anything_runs(repo):
+    """`-S runtime.device=cuda:99`: refused while DVC composes params.yaml (stages.core.config
+    check_inputs resolves the runtime), not in the first stage after DVC's checkout rewrote the
+    workspace: every output, params.yaml and dvc.lock as they were."""
+    before = workspace(repo)
+    proc = sh(["dvc", "exp", "run", "-S", "runtime.device=cuda:99", "-S", "run.datasets=[gaussian_shortcut]"], repo, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "runtime.device=cuda:99: this machine has" in out and "params.yaml is not written and no stage runs" in out, out
+    assert "Traceback" not in out
+    assert workspace(repo) == before

@@ -346,8 +346,8 @@ def check_all(params: DictConfig) -> RunConfig:
 def check_inputs(params: DictConfig) -> None:
     """What the run needs from outside the DAG is there: each real benchmark's raw folder (its
     files, its CSVs' columns: the schema's `check_files`, stages/datasets/raw.py) and each
-    method's local weights and vocabulary files. A cheap look (no file is read past a CSV's
-    header), run by `stages.core.config check` (`make check`) and while `dvc exp run` composes
+    method's local weights and vocabulary files, and the `runtime` device (a CUDA device this
+    machine lacks). A cheap look (no file is read past a CSV's header), run by `stages.core.config check` (`make check`) and while `dvc exp run` composes
     params.yaml — before DVC's checkout, which removes the outputs of stages the experiment does
     not have: a recipe whose data is missing is refused with the workspace as it was."""
     from stages.core.io import ArtifactError
@@ -367,6 +367,11 @@ def check_inputs(params: DictConfig) -> None:
                                       "'Published-scale recipes', says how to make it)")
     except ArtifactError as e:
         raise ConfigError(str(e)) from None
+    runtime = section(params, "runtime", RuntimeConfig) if OmegaConf.select(params, "runtime") is not None else None
+    if runtime is not None and runtime.device != "cpu":  # the CPU needs no look (and no torch import)
+        from stages.core.runtime import resolve
+
+        resolve(runtime)  # a CUDA device this machine lacks (or bf16 it cannot do) stops here
 
 
 def check_composed(params: DictConfig) -> RunConfig:
@@ -557,12 +562,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         params = load_params(args.params, args.overrides)
         run = check_composed(params)
         if args.command == "check":
-            check_inputs(params)  # the raw data and weights files the run reads are there
-            from stages.core.runtime import (
-                resolve,  # and this machine can run it: a CUDA runtime where there is none stops here
-            )
-
-            resolve(section(params, "runtime", RuntimeConfig))
+            check_inputs(params)  # the raw data and weights files the run reads are there, the device too
         if args.command == "show":
             print(OmegaConf.to_yaml(params))
         prepared = instances(params, run)
