@@ -80,7 +80,7 @@ from prefect.states import Cancelled  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 from pipeline.lock import BUSY_EXIT, WorkspaceBusy  # noqa: E402
-from pipeline.parallel import DvcWorkspace, StagePool, cores  # noqa: E402
+from pipeline.parallel import STOP_GRACE_S, DvcWorkspace, StagePool, cores  # noqa: E402
 from pipeline.publish import artifact_key, publish, publish_validation_failure  # noqa: E402
 from pipeline.stage_helper import HelperDied  # noqa: E402
 
@@ -450,7 +450,7 @@ def _pipeline(
     with DvcWorkspace(root) as workspace, StagePool(root, tool_env()) as pool:
         order, upstream = workspace.order()
         stages = select(order, upstream, targets)
-        with StopOnSignals(pool) as stop:
+        with StopOnSignals(pool) as stop, server_watch(workspace, pool):
             submit = lambda s: run_stage.submit(s, workspace, pool, force)  # noqa: E731
             states = run_dag(stages, upstream, max_parallel, submit, logger, stopping=lambda: bool(pool.stopping))
             create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
@@ -481,6 +481,18 @@ def _pipeline(
     if push:
         push_outputs(root)
     return states
+
+
+def server_watch(workspace: DvcWorkspace, pool: StagePool) -> contextlib.AbstractContextManager[Any]:
+    """A ServerWatch on this run's Prefect API when the command line runs the flow (WATCH_SERVER);
+    otherwise nothing (a deployment's worker, a test calling `pipeline`: their process is not ours to end)."""
+    if not WATCH_SERVER:
+        return contextlib.nullcontext()
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()  # its client talks to the run's server: a temporary one has no PREFECT_API_URL
+    url = str(context.client.api_url) if context is not None and context.client is not None else ""
+    return ServerWatch(url, workspace, pool) if url else contextlib.nullcontext()
 
 
 def run_dag(
@@ -688,6 +700,8 @@ def run(args: argparse.Namespace, last_line_at_exit: bool = False) -> int:
         os._exit(128 + first)
 
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    global WATCH_SERVER
+    WATCH_SERVER = last_line_at_exit  # the command line's own process: the watch may end it
     try:
         state = pipeline(
             targets=args.target, force=args.force, overrides=args.override, push=args.push, wait=args.wait,
@@ -716,6 +730,98 @@ def run(args: argparse.Namespace, last_line_at_exit: bool = False) -> int:
     elif line:
         print(line, file=sys.stderr, flush=True)
     return code
+
+
+class ServerWatch:
+    """From the command line (`python -m pipeline.flows`), while the flow body runs: asks the Prefect
+    API's `/health` every SERVER_CHECK_EVERY_S. A server that refuses connections on two checks
+    in a row (killed, crashed), or has answered nothing for SERVER_SILENT_S, is dead: Prefect's
+    client would retry every task and the flow's state against it for minutes (225 s and 211
+    lines, a traceback among them, measured for a kill -9 of the temporary server mid-stage;
+    issue 45). The watch then ends the run itself, from its thread: the running stage commands
+    get SIGTERM (SIGKILL after STOP_GRACE_S), the stages that finished are written to dvc.lock,
+    the ones that did not get their last good outputs back from DVC's cache, and the process
+    prints one line and exits 1 at once (its session's leftovers are the parent's to kill)."""
+
+    def __init__(self, url: str, workspace: DvcWorkspace, pool: StagePool) -> None:
+        self.url = url.rstrip("/")
+        self.workspace = workspace
+        self.pool = pool
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="prefect-server-watch", daemon=True)
+
+    def __enter__(self) -> ServerWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def answers(self) -> bool | None:
+        """True: the server answered; False: it refused the connection; None: no answer in time."""
+        import urllib.error
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy: it is ours, on 127.0.0.1
+        try:
+            with opener.open(f"{self.url}/health", timeout=SERVER_CHECK_EVERY_S) as reply:
+                return bool(reply.status)
+        except urllib.error.HTTPError:
+            return True  # it answered
+        except urllib.error.URLError as e:
+            return False if isinstance(e.reason, ConnectionRefusedError) else None
+        except ConnectionRefusedError:
+            return False
+        except OSError:  # a timeout, a reset: no answer
+            return None
+
+    def _watch(self) -> None:
+        refused, heard = 0, time.monotonic()
+        while not self.done.wait(SERVER_CHECK_EVERY_S):
+            answer = self.answers()
+            if self.done.is_set():
+                return
+            if answer:
+                refused, heard = 0, time.monotonic()
+                continue
+            refused = refused + 1 if answer is False else 0
+            if refused >= 2:
+                return self.end("refuses connections (it was stopped or died)")
+            if time.monotonic() - heard >= SERVER_SILENT_S:
+                return self.end(f"has not answered for {SERVER_SILENT_S:.0f} s")
+
+    def end(self, why: str) -> None:
+        self.pool.stop(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S + 10
+        while self.pool.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with contextlib.suppress(Exception):  # what finished is kept: written to dvc.lock
+            self.workspace.write_lock()
+        unfinished = self.workspace.unfinished()
+        problem = self.workspace.restore(unfinished) if unfinished else None
+        line = server_line(self.url, why, unfinished, len(self.workspace.finished), problem)
+        print(line, file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def server_line(url: str, why: str, unfinished: Sequence[str], finished: int, problem: str | None) -> str:
+    """The one line a run ends with when its Prefect server died."""
+    what = (f"stopped {len(unfinished)} unfinished stage(s) ({', '.join(unfinished)})" if unfinished
+            else "no stage was unfinished")
+    if problem:
+        what += f"; putting back their last good outputs failed ({problem}): run `dvc checkout`"
+    elif unfinished:
+        what += "; their last good outputs were restored from DVC's cache"
+    kept = f"; the {finished} stage(s) that finished are recorded in dvc.lock" if finished else ""
+    return f"pipeline: Prefect's server at {url} {why}, so the run ended: {what}{kept}; run again to continue"
+
+
+# Prefect's server: asked every SERVER_CHECK_EVERY_S (each ask waits as long), taken as dead after
+# two refused connections in a row or SERVER_SILENT_S without an answer (a busy machine's server
+# is slow, not silent, for that long).
+SERVER_CHECK_EVERY_S = 2.0
+SERVER_SILENT_S = 120.0
+WATCH_SERVER = False  # set by the command line (`run`): only there may the watch end the process
 
 
 # What Prefect raises when its temporary server does not answer in time (prefect/server/api/server.py).

@@ -368,6 +368,11 @@ class StagePool:
         rc, _ = self.helper.run_module(module_args[0], module_args[1], cwd, env, on_output)
         return rc
 
+    def running(self) -> bool:
+        """Whether a stage command runs now (forked from the helper, or in a shell)."""
+        with self.guard, self.helper.guard:
+            return bool(self.shells) or bool(self.helper.commands)
+
     def _shell_started(self, proc: subprocess.Popen[str], started: bool) -> None:
         with self.guard:
             if not started:

@@ -269,6 +269,35 @@ def writer(root: Path, times: int, start: int = 1, **env: str) -> subprocess.Pop
                             env={**project_env(), "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def test_a_dead_prefect_server_ends_the_run_with_one_line_and_the_outputs_restored(tmp_path, prefect_home):
+    """kill -9 of the flow's temporary Prefect server mid-stage: the flow's ServerWatch sees the
+    refused connections, stops the running stages, puts their last good outputs back and exits 1
+    with one line, instead of Prefect's client retrying the dead server for minutes (225 s and a
+    211-line log with a traceback before)."""
+    root = tmp_path / "p"
+    good = blocking_project(root)
+    (root / "input.txt").write_text("v2")
+    marker = uuid.uuid4().hex
+    flow = start_flow(root, prefect_home, marker)
+    try:
+        wait_until_both_run(root, flow, marker)
+        [server] = [int(p.split()[0]) for p in run_processes(marker) if "uvicorn" in p and "prefect.server" in p]
+        killed = time.monotonic()
+        os.kill(server, signal.SIGKILL)
+        code, _, out, err = ended(flow, killed, marker)  # its 120 s bound guards a hang, it times nothing
+    finally:
+        kill_run(flow, marker)
+    assert code == 1, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"pipeline: Prefect's server at http://127\.0\.0\.1:\d+/api refuses connections \(it was stopped or died\), so the run "
+        r"ended: stopped 2 unfinished stage\(s\) \((block@a, block@b|block@b, block@a)\); their last good outputs were restored "
+        r"from DVC's cache; run again to continue", line), err[-3000:]
+    assert "Traceback" not in out + err and "Still processing items" not in err, err[-4000:]
+    assert good_files(root) == good  # the stopped stages' outputs back, dvc.lock as it was
+    assert run_processes(marker) == []  # nothing of the run is left
+
+
 def test_kill_9_while_dvc_lock_is_written_leaves_the_old_or_the_new_file_whole(tmp_path):
     root = tmp_path / "big"
     root.mkdir()
