@@ -616,9 +616,27 @@ def datasets_of(stages: Iterable[str]) -> list[str]:
     return [s.split("@", 1)[1] for s in stages if s.startswith("validate@")]
 
 
+def params_error(path: Path) -> str | None:
+    """What is wrong with a shiftlab workspace's params.yaml (empty, not YAML, a section that does
+    not validate), in one line naming the file and key; None when it is valid."""
+    from stages.core.config import check_composed, load_params
+    from stages.core.io import ArtifactError
+    from stages.core.schema import ConfigError
+
+    if not path.read_text(errors="replace").strip():
+        return f"{path}: is empty"
+    try:
+        check_composed(load_params(path))
+    except (ConfigError, ArtifactError) as e:
+        text = " ".join(str(e).split())
+        return text if text.startswith(str(path)) else f"{path}: {text.removeprefix('params.yaml: ')}"
+    return None
+
+
 def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     """What the command line can refuse in one line before Prefect starts: a root that is no DVC
-    project, a workspace another run holds (exit 75, as pipeline.lock), `--override`s that do
+    project, a workspace another run holds (exit 75, as pipeline.lock), a shiftlab workspace's
+    params.yaml that does not validate (empty, a bad value), `--override`s that do
     not compose into a valid config (an unknown key, a value out of range), a `--target`
     matching no stage (checked against dvc.yaml as it is, so not with `--override`s, which may
     change the stages). (None, 0) when none applies."""
@@ -637,6 +655,10 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
             return f"--override could not be checked: {e}", 2
         if error:
             return f"--override {' '.join(args.override)}: {error[1]}; no stage ran, params.yaml is as it was", 2
+    if not args.override and (root / "params.yaml").is_file() and (root / "conf").is_dir():
+        problem = params_error(root / "params.yaml")  # else DVC's ResolveError, 116 lines in, never naming the file
+        if problem:
+            return f"{problem}; no stage ran (`make params` composes params.yaml from conf/)", 2
     if args.target and not args.override:
         order, upstream = stage_graph(root)
         try:

@@ -48,6 +48,12 @@ def file_at(rel: str) -> Callable[[Path], None]:
     return apply
 
 
+def empty_params(root: Path) -> None:
+    """The project's dvc.yaml beside an empty params.yaml (a workspace the flow can be pointed at)."""
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    (root / "params.yaml").write_text("")
+
+
 def folder_at(rel: str) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         (root / rel).mkdir(parents=True)
@@ -61,10 +67,11 @@ class Case:
     args: tuple[str, ...]
     names: tuple[str, ...]  # each must appear in the error line
     mutate: Callable[[Path], None] | None = None
+    name: str = ""  # the program's name in its error line, when it is not the module's last part
 
     @property
     def prog(self) -> str:
-        return self.module.rsplit(".", 1)[-1]
+        return self.name or self.module.rsplit(".", 1)[-1]
 
 
 CASES = [
@@ -106,6 +113,7 @@ CASES = [
     Case("dag-unknown-option", "stages.dag", ("--bogus",), ("unrecognized arguments: --bogus",)),
     Case("lock-root-not-a-workspace", "pipeline.lock", ("--root", "nowhere", "--", "true"), ("--root nowhere", "not a DVC workspace")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
+    Case("flow-with-an-empty-params-yaml", "pipeline.flows", (), ("params.yaml: is empty", "no stage ran"), empty_params, "pipeline"),
 ]
 
 
