@@ -1,4 +1,4 @@
-"""The evidence recipe (`experiment=evidence`) end to end: its wall time and the README's table.
+"""The evidence recipe (`experiment=evidence`) end to end: its wall time and the tables of docs/results.md.
 
     python -m benchmarks.bench_evidence                        # the whole recipe (5 seeds), through the parallel flow
     python -m benchmarks.bench_evidence --seeds 0 1            # fewer replicates (a smaller, quicker run)
@@ -127,7 +127,7 @@ def base_and_regime(name: str) -> tuple[str, str]:
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The README's tables from summary.json's `_evidence`: the matched pairs (each generative
+    """docs/results.md's tables from summary.json's `_evidence`: the matched pairs (each generative
     model against the matched reference) of every base dataset and regime, then the group-aware
     ones; each row the pair's worst-group and drop gaps with their 95% t intervals, the verdict
     after Holm's correction, the replicates and the pair's flags."""

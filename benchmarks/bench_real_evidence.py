@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_real_evidence --estimate            # one seed: the whole run's wall time
     python -m benchmarks.bench_real_evidence --workdir DIR         # the whole run (5 seeds), resumable
-    python -m benchmarks.bench_real_evidence --render summary.json # the README's tables
+    python -m benchmarks.bench_real_evidence --render summary.json # the tables of docs/results.md
 
 benchmarks/bench_evidence.py with `--recipe experiment=real_evidence` (every option of it applies):
 the project is copied into a temp folder or DIR and run through the parallel Prefect flow as

@@ -1,4 +1,4 @@
-"""The README's regime table: each built-in dataset at its defaults and at `paper_regime`.
+"""docs/results.md's regime table: each built-in dataset at its defaults and at `paper_regime`.
 
     python -m benchmarks.regime_table [--seeds 0] [--recipes defaults paper_regime]
 
@@ -10,7 +10,7 @@ separation with its interval and shuffled-attribute floor, the core's, the popul
 logistic regression worst-group gap and the regime it calls (stages/evaluation/regime.py,
 `regime_call`), and each model's OOD worst-group accuracy with its 95% bootstrap interval
 (stratified by group; see docs/metrics.md). Prints one markdown table (and the wall time of
-each run) to paste into the README.
+each run) to paste into docs/results.md.
 """
 
 from __future__ import annotations

@@ -262,6 +262,14 @@ class DvcWorkspace:
                 return f"{type(e).__name__}: {e}"
         return None
 
+    def missing_outputs(self, names: Sequence[str]) -> tuple[list[str], int]:
+        """(the outputs of stages `names` that are not in the workspace, as dvc.yaml names them; how
+        many outputs they have): after `restore`, the missing ones are those DVC's cache did not
+        have, e.g. of a stage that never finished before."""
+        with self.mutex:
+            outs = [out for name in names for out in self.stages[name].outs]
+            return [str(out.def_path) for out in outs if not os.path.exists(out.fs_path)], len(outs)
+
     def _lock_keys(self) -> list[str]:
         from pipeline.workspace import read_lock
 

@@ -1,4 +1,4 @@
-"""What the flow publishes to Prefect (DESIGN, Orchestration): the leaderboard table, the report
+"""What the flow publishes to Prefect (docs/design.md, Orchestration): the leaderboard table, the report
 as markdown, each dataset's validation result (and a failed validation's expectations), links to
 the Parquet outputs and the Data Docs, under stable keys so the UI shows their history. It reads
 the stages' files; it computes nothing."""

@@ -10,7 +10,7 @@ stages.core once the plugin's config check has made the project importable: the 
 replicate instances included, come from stages.core.config `instances`, as the stages' do):
 
 - the code common to every item of a stage (its entrypoint's closure) is written into
-  dvc.yaml itself by `python -m stages.dag` (`make dag`; tests/test_dag.py fails when
+  dvc.yaml itself by `python -m stages.dag` (`make params`; tests/test_dag.py fails when
   dvc.yaml is stale);
 - the part that depends on an item's kind goes into params.yaml's `dag` section, which
   `run.*` and the kinds in `dataset.*` / `method.*` determine, as a fixed number of slots

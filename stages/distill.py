@@ -17,7 +17,7 @@ teacher whose own provenance names another model, dataset, seed or prepared file
 Any trained model is a valid teacher: only its logits are used, on train (the targets)
 and on val (the objective's value on val each epoch, in history.parquet) — `target_logits`
 (stages/models/__init__.py): a denoising classifier's full-scoring logits, not the capped stand-ins its
-sequential elimination gives dropped classes (README, "Distilled students": on one built-in at
+sequential elimination gives dropped classes (docs/results.md, "Distilled students": on one built-in at
 the seed paper's regime the student kept 1.05 of the teacher's OOD worst-group accuracy on full
 logits, 0.81 on the eliminated ones); any other kind's `logits`.
 """

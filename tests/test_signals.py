@@ -269,6 +269,35 @@ def writer(root: Path, times: int, start: int = 1, **env: str) -> subprocess.Pop
                             env={**project_env(), "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def test_ctrl_c_of_a_first_run_says_there_was_nothing_to_restore(tmp_path, prefect_home):
+    """Stopped before its stages ever finished, a run has no last good outputs in DVC's cache: its
+    line says which outputs stay missing instead of claiming they were restored."""
+    root = tmp_path / "p"
+    root.mkdir(parents=True)
+    sh("git", "init", "-q", cwd=root)
+    sh("dvc", "init", "-q", cwd=root)
+    (root / "dvc.yaml").write_text(textwrap.dedent(DVC_YAML))
+    (root / "block.py").write_text(textwrap.dedent(BLOCK))
+    (root / "input.txt").write_text("v1")
+    marker = uuid.uuid4().hex
+    flow = start_flow(root, prefect_home, marker)
+    try:
+        wait_until_both_run(root, flow, marker)
+        sent = time.monotonic()
+        os.killpg(flow.pid, signal.SIGINT)
+        code, _, out, err = ended(flow, sent, marker)
+    finally:
+        kill_run(flow, marker)
+    assert code == 130, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"pipeline: interrupted by SIGINT: stopped 2 running stage\(s\) \(block@a, block@b\); DVC's cache had no earlier "
+        r"outputs of theirs to restore \((models/a, models/b|models/b, models/a) stay missing until a run makes them\); "
+        r"run again to continue", line), err[-3000:]
+    assert "restored from DVC's cache" not in err and "Traceback" not in out + err
+    assert not (root / "dvc.lock").exists() and run_processes(marker) == []
+
+
 def test_a_dead_prefect_server_ends_the_run_with_one_line_and_the_outputs_restored(tmp_path, prefect_home):
     """kill -9 of the flow's temporary Prefect server mid-stage: the flow's ServerWatch sees the
     refused connections, stops the running stages, puts their last good outputs back and exits 1

@@ -20,7 +20,7 @@ half of the drawn order is every other stratum, spread over all of [1, T] — wi
 profile values first within each half: the telling draws come early, and by the middle the draws
 seen still span t, so the profile model is never stretched from one end of t to the other. On
 the default run's models and 10-class digits (3 seeds each) it cut network evaluations a further
-15–20 % at the same agreement (README, "Scoring at a fraction of the cost"). The profile itself
+15–20 % at the same agreement (docs/results.md, "Scoring at a fraction of the cost"). The profile itself
 ordered all the way (the top half of the strata first) was cheaper still but fell to 98.9 % on
 one shifted test_ood split, so the halves stay.
 

@@ -40,8 +40,8 @@ spirit of Li et al.'s `eval_prob_adaptive` rounds (which keep a fixed top-k per 
 decision, are unchanged: `draw_order: profile` (the default) takes the first half of the draws
 (spread over all of t) and then the second, each with its largest profile values first;
 `informative` ranks them with val's labels (stages/models/draw_order.py). Measured on the
-default run's models and 10-class digits, at 3 seeds each: README, "Scoring at a fraction of
-the cost" (`python -m benchmarks.bench_scoring`).
+default run's models and 10-class digits, at 3 seeds each: docs/results.md, "Scoring at a
+fraction of the cost" (`python -m benchmarks.bench_scoring`).
 
 `SequentialElimination` holds the rule as methods of the classifier (it needs its denoiser, noise
 schedule and stored keys); `fit_scoring` fits at the end of training what the rule stores with
