@@ -527,6 +527,23 @@ def datasets_of(stages: Iterable[str]) -> list[str]:
     return [s.split("@", 1)[1] for s in stages if s.startswith("validate@")]
 
 
+CONFLICT_MARKER = re.compile(r"^(<{7}|>{7}|={7})( |$)", re.M)
+
+
+def workspace_file_problem(path: Path) -> str | None:
+    """A dangling symlink where the workspace has `path` (`data`), or git's merge-conflict markers
+    in it (dvc.lock, params.yaml): one line saying what to do; None when neither."""
+    if path.is_symlink() and not path.exists():
+        return f"{path}: a symlink to {os.readlink(path)}, which does not exist: create its target or remove the link; no stage ran"
+    if path.is_file():
+        m = CONFLICT_MARKER.search(path.read_text(errors="replace"))
+        if m:
+            line = path.read_text(errors="replace").count("\n", 0, m.start()) + 1
+            return (f"{path}: git merge-conflict markers (line {line}: {m.group(1)}); resolve the conflict (for dvc.lock: "
+                    "`git checkout --theirs dvc.lock` or `--ours`, then `dvc repro` records what runs) and run again; no stage ran")
+    return None
+
+
 def params_error(path: Path) -> str | None:
     """What is wrong with a shiftlab workspace's params.yaml (empty, not YAML, a section that does
     not validate), in one line naming the file and key; None when it is valid."""
@@ -556,6 +573,10 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     root = Path(args.root).resolve()
     if not (root / "dvc.yaml").is_file():
         return f"{root} has no dvc.yaml: --root must be a DVC project (this repository's folder)", 2
+    for name in ("data", "dvc.lock", "params.yaml"):  # DVC would meet them with a traceback, deep in the run
+        problem = workspace_file_problem(root / name)
+        if problem:
+            return problem, 2
     who = None if args.wait else busy(root)
     if who:
         return f"another shiftlab run is using {root}: {who}; let it finish, or queue behind it (--wait, `make repro WAIT=1`)", BUSY_EXIT

@@ -54,6 +54,20 @@ def empty_params(root: Path) -> None:
     (root / "params.yaml").write_text("")
 
 
+def conflicted_lock(root: Path) -> None:
+    """The project's dvc.yaml and a dvc.lock left with git's merge-conflict markers."""
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+    (root / "dvc.lock").write_text("schema: '2.0'\nstages:\n<<<<<<< HEAD\n  a: {}\n=======\n  b: {}\n>>>>>>> other\n")
+
+
+def dangling_data(root: Path, with_dvc_yaml: bool = False) -> None:
+    """`data` a symlink to a folder that does not exist (an unmounted disk)."""
+    shutil.rmtree(root / "data")
+    (root / "data").symlink_to("/nonexistent/shiftlab-data")
+    if with_dvc_yaml:
+        shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
+
+
 def folder_at(rel: str) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         (root / rel).mkdir(parents=True)
@@ -114,6 +128,11 @@ CASES = [
     Case("lock-root-not-a-workspace", "pipeline.lock", ("--root", "nowhere", "--", "true"), ("--root nowhere", "not a DVC workspace")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
     Case("flow-with-an-empty-params-yaml", "pipeline.flows", (), ("params.yaml: is empty", "no stage ran"), empty_params, "pipeline"),
+    Case("flow-with-conflict-markers-in-dvc-lock", "pipeline.flows", (), ("dvc.lock: git merge-conflict markers (line 3: <<<<<<<)",),
+         conflicted_lock, "pipeline"),
+    Case("flow-with-data-a-dangling-symlink", "pipeline.flows", (), ("/data: a symlink to /nonexistent/shiftlab-data, which does not exist",),
+         lambda root: dangling_data(root, with_dvc_yaml=True), "pipeline"),
+    Case("prepare-with-data-a-dangling-symlink", "stages.prepare", (DS,), ("data: a symlink to /nonexistent/shiftlab-data",), dangling_data),
 ]
 
 

@@ -150,6 +150,9 @@ def check_writable(*files: str | os.PathLike[str], folders: Sequence[str | os.Pa
             raise ArtifactError(f"{target}: {have} is where this stage writes its output {want}; move it away and run again (nothing was done)")
         folder = target.parent
         while not folder.exists() and folder != folder.parent:
+            if folder.is_symlink():  # a dangling link: creating the folder would fail (FileExistsError)
+                raise ArtifactError(f"{folder}: a symlink to {os.readlink(folder)}, which does not exist; this stage writes "
+                                    f"{target} there: create its target or remove the link and run again (nothing was done)")
             folder = folder.parent
         if not folder.is_dir():
             raise ArtifactError(f"{folder}: a file is where the output folder {target.parent} should be; move it away and run again (nothing was done)")
