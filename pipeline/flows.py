@@ -568,7 +568,7 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     not compose into a valid config (an unknown key, a value out of range), a `--target`
     matching no stage (checked against dvc.yaml as it is, so not with `--override`s, which may
     change the stages). (None, 0) when none applies."""
-    from pipeline.lock import BUSY_EXIT, busy
+    from pipeline.lock import BUSY_EXIT, busy, dvc_running
 
     root = Path(args.root).resolve()
     if not (root / "dvc.yaml").is_file():
@@ -580,6 +580,9 @@ def preflight(args: argparse.Namespace) -> tuple[str | None, int]:
     who = None if args.wait else busy(root)
     if who:
         return f"another shiftlab run is using {root}: {who}; let it finish, or queue behind it (--wait, `make repro WAIT=1`)", BUSY_EXIT
+    who = dvc_running(root)  # a bare `dvc repro` or `dvc exp run` takes no shiftlab lock
+    if who:
+        return f"a DVC command is running stages in {root}: {who}; let it finish and run again", BUSY_EXIT
     if args.override:  # each would fail inside the flow run, after its Prefect server started
         try:
             error = compose_error(root, args.override)

@@ -91,6 +91,24 @@ def busy(root: str | os.PathLike[str] = ".") -> str | None:
     return None
 
 
+def dvc_running(root: str | os.PathLike[str] = ".") -> str | None:
+    """A DVC command (a bare `dvc repro`, `dvc exp run`) running stages in `root` now, from DVC's
+    own read/write locks (.dvc/tmp/rwlock: the pid and command of each process whose stage reads
+    or writes a path): 'pid N (`command`)' of a live one not this process, or None. DVC releases
+    its repo lock while a stage's command runs; these entries stay until the stage ends."""
+    path = Path(root) / ".dvc" / "tmp" / "rwlock"
+    try:
+        table = json.loads(path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return None
+    infos = [*table.get("write", {}).values(), *(i for v in table.get("read", {}).values() for i in v)]
+    for info in infos:
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if isinstance(pid, int) and pid != os.getpid() and Path(f"/proc/{pid}").exists():
+            return f"pid {pid} (`{info.get('cmd', '?')}`)"
+    return None
+
+
 def _stderr(text: str) -> None:
     print(f"shiftlab: {text}", file=sys.stderr, flush=True)
 

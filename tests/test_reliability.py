@@ -102,6 +102,30 @@ def test_second_run_fails_fast_naming_the_first_or_waits_for_it(dvc_project):
     assert "up to date" in status.stdout.lower(), status.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("reliability-dvc")
+def test_the_flow_refuses_a_workspace_where_a_bare_dvc_command_runs_stages(dvc_project, tmp_path):
+    """`make repro` beside a running `dvc exp run` (or a bare `dvc repro`, neither of which takes the
+    shiftlab lock) was 208 lines and 4 tracebacks: the flow now reads DVC's own read/write locks
+    before Prefect starts and refuses in one line naming the command, exit 75."""
+    first = subprocess.Popen([str(BIN / "dvc"), "repro"], cwd=dvc_project, env=_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for(dvc_project / "started", first)
+        flow = subprocess.run([sys.executable, "-m", "pipeline.flows", "--root", str(dvc_project)], cwd=dvc_project,
+                              env={**_env(), "PREFECT_HOME": str(tmp_path / "prefect")}, text=True, capture_output=True,
+                              timeout=300)
+        assert flow.returncode == 75, flow.stderr[-3000:]
+        [line] = flow.stderr.strip().splitlines()
+        assert line.startswith(f"pipeline: error: a DVC command is running stages in {dvc_project}: pid {first.pid} (`"), line
+        assert line.endswith("let it finish and run again") and "Traceback" not in flow.stdout + flow.stderr
+        assert "temporary server" not in flow.stdout + flow.stderr  # refused before Prefect's server started
+    finally:
+        (dvc_project / "release").touch()
+        first.wait(timeout=120)
+    assert (dvc_project / "out.txt").read_text() == "done"
+
+
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     (tmp_path / ".dvc").mkdir()
     holder = subprocess.Popen([sys.executable, "-m", "pipeline.lock", "--root", str(tmp_path), "--",
