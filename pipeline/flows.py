@@ -441,7 +441,8 @@ def _pipeline(
         stages = select(order, upstream, targets)
         with StopOnSignals(pool) as stop, server_watch(workspace, pool):
             submit = lambda s: run_stage.submit(s, workspace, pool, force)  # noqa: E731
-            states = run_dag(stages, upstream, max_parallel, submit, logger, stopping=lambda: bool(pool.stopping))
+            errors: dict[str, str] = {}
+            states = run_dag(stages, upstream, max_parallel, submit, logger, stopping=lambda: bool(pool.stopping), errors=errors)
             create_markdown_artifact(key=artifact_key("stages"), markdown=stages_markdown(states), description="what each DVC stage did in this run")
             failed = sorted(s for s, st in states.items() if st == "failed")
             # DVC removed the outputs of every stage it began: put the last good ones back where the
@@ -463,6 +464,7 @@ def _pipeline(
         skipped = sorted(s for s, st in states.items() if st == "skipped")
         raise StageFailed(
             f"{len(failed)} stage(s) failed: {', '.join(failed)}"
+            + next((f"; {errors[s]}" for s in stages if s in errors), "")  # the first one's cause, in DAG order
             + (f"; {len(skipped)} downstream skipped" if skipped else "")
         )
     if overrides:
@@ -475,13 +477,14 @@ def _pipeline(
 
 def run_dag(
     stages: Sequence[str], upstream: dict[str, set[str]], max_parallel: int, submit: Callable[[str], Any], logger: Any,
-    stopping: Callable[[], bool] = lambda: False,
+    stopping: Callable[[], bool] = lambda: False, errors: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Start each of `stages` (in their order) once its upstream stages are done, at most
     `max_parallel` at a time; `submit(stage)` returns a Prefect future. A stage whose upstream
     failed or was skipped is skipped. Once `stopping()`, nothing more starts and the running
     stages are waited for (a stage whose task ends Cancelled was interrupted). Each stage's
-    state, in `stages`' order; a stage that never started has none."""
+    state, in `stages`' order; a stage that never started has none. `errors` gets each failed
+    stage's one-line cause (its task's exception)."""
     from prefect.futures import as_completed
 
     selected = set(stages)
@@ -511,6 +514,8 @@ def run_dag(
             states[stage] = "interrupted"
         else:
             states[stage] = "failed" if isinstance(result, BaseException) else str(result)
+            if isinstance(result, BaseException) and errors is not None:
+                errors[stage] = " ".join(str(result).split())
     return {s: states[s] for s in stages if s in states}
 
 

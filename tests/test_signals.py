@@ -418,7 +418,8 @@ def test_refusals_end_the_flow_run_failed_with_one_line_in_its_log_not_a_traceba
         ({"targets": ["blok"]}, ["pipeline: error: no DVC stage matches blok; did you mean: block"]),
         ({}, [f"pipeline: error: {root.resolve()}: another shiftlab run is using this workspace: {holder}"]),
         ({"targets": ["block@a"]}, ["pipeline: error: block@a: its command exited 2: block: error: input.txt: not a model",
-                                    "pipeline: error: 1 stage(s) failed: block@a"]),
+                                    "pipeline: error: 1 stage(s) failed: block@a; block@a: its command exited 2: block: error: "
+                                    "input.txt: not a model"]),
     ]
     for kwargs, lines in cases:
         if "max_parallel" not in kwargs and "targets" not in kwargs:
