@@ -2,8 +2,10 @@
 
 A stage's code is its entrypoint (stages/<stage>.py) with everything it imports, transitively,
 plus the modules it reaches through the registry by kind: train its method's module
-(stages/models/<kind>.py), prepare its dataset's module, evaluate its dataset's and its
-model's (the model kind the method registered, e.g. `mlp`), distill its teacher's model's. Imports are read from the source
+(stages/models/<kind>.py) and its upstream method's, prepare its dataset's module, evaluate its
+dataset's, its model's (the model kind the method registered, e.g. `mlp`) and its method's,
+distill its teacher's model's and method's (a reader validates the section its model was made
+under: stages/core/provenance.py). Imports are read from the source
 (`ast`), nothing is executed, and this module imports nothing from the project at import time,
 so that DVC's own Hydra composition (hydra_plugins/shiftlab) can load it by file (`plan` imports
 stages.core once the plugin's config check has made the project importable: the run's datasets,
@@ -294,7 +296,9 @@ def plan(
                 up = ups[m]
                 out["train"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "method": m, "seed": s,
-                    "code": code("train", (f"stages.models.{mkind(m)}",)),
+                    # its method's module; the upstream method's too, whose schema validates the settings
+                    # that method's model must have been trained under (provenance's config check)
+                    "code": code("train", tuple(dict.fromkeys([f"stages.models.{mkind(m)}", *([f"stages.models.{mkind(up[1])}"] if up else [])]))),
                     # with no pretrained encoder to read, the slot repeats the prepared file
                     "pretrained": f"data/pretrained/{d}" if pretrained else f"data/prepared/{d}.parquet",
                     # the trained model of the method it reads (same dataset and seed); else again the prepared file
@@ -308,13 +312,15 @@ def plan(
             for s in i.seeds:
                 out["distill"][f"{d}-{t}-{s}"] = {
                     "dataset": d, "teacher": t, "seed": s,
-                    "code": code("distill", tuple(model_modules(mkind(t), root))),
+                    "code": code("distill", (*model_modules(mkind(t), root), f"stages.models.{mkind(t)}")),
                 }
         for m in run["models"]:
             if not fits(d, m):
                 continue
             student = m.endswith(STUDENT_SUFFIX)
-            modules = [f"stages.models.{STUDENT_MODEL}"] if student else model_modules(mkind(m), root)
+            # the model kind's module, and the method's (its schema validates the settings the model
+            # must have been trained under: provenance's config check)
+            modules = [f"stages.models.{STUDENT_MODEL}"] if student else [*model_modules(mkind(m), root), f"stages.models.{mkind(m)}"]
             for s in i.seeds:
                 out["evaluate"][f"{d}-{m}-{s}"] = {
                     "dataset": d, "model": m, "seed": s,

@@ -102,6 +102,10 @@ def run_pipeline(root: Path, mp: pytest.MonkeyPatch) -> dict[str, str]:
         return at_precision(s)
 
     mp.setattr(comparison, "at_written_precision", spy_summary)
+    from stages.core import registry
+
+    for kind in KINDS.values():  # the methods' schemas (evaluate validates each model's section), before stages.models is stood in for
+        registry.method(kind)
     with pytest.MonkeyPatch.context() as models:  # stand-ins while evaluate loads models, no torch
         fake = types.ModuleType("stages.models")
         fake.WEIGHTS = "model.safetensors"  # type: ignore[attr-defined]

@@ -43,8 +43,12 @@ def expected_code(name: str, params) -> set[str]:
             files.append(ROOT / "stages/datasets" / f"{dkind[dataset]}.py")
         if stage == "train":
             files.append(ROOT / "stages/models" / f"{kind[model]}.py")
-        else:  # evaluate and distill load the model: the modules of every model kind its method may save
-            archs = ("mlp",) if model.endswith("_student") else registry.method(kind[model]).models
+            up = dag.upstream(kind[model], OmegaConf.to_container(params.method[model]), ROOT)
+            if up is not None:  # the method whose model it reads: its schema validates that model's settings
+                files.append(ROOT / "stages/models" / f"{kind[up[1]]}.py")
+        else:  # evaluate and distill load the model: the modules of every model kind its method may save,
+            # and the method's own (its schema validates the settings the model was trained under)
+            archs = ("mlp",) if model.endswith("_student") else (*registry.method(kind[model]).models, kind[model])
             files += [ROOT / "stages/models" / f"{arch}.py" for arch in archs]
     elif stage == "report":
         files += sorted((ROOT / "stages/models").glob("*.py"))

@@ -13,6 +13,7 @@ the trace either way.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -52,11 +53,13 @@ def sh(*cmd: str, cwd: Path, env: dict[str, str] | None = None) -> str:
 def offline(cmd: list[str], cwd: Path, env: dict[str, str], trace: Path) -> str:
     """`cmd` in a fresh network namespace (loopback only) under `strace -f`; its output, after
     checking it succeeded."""
-    for tool in TOOLS:
-        assert shutil.which(tool), f"{tool} is not installed (util-linux, strace, iproute2): this test needs it"
-    inner = ("ip link set lo up && exec strace -f -qq -e trace=connect,sendto,sendmsg "
-             f"-o {shlex.quote(str(trace))} " + " ".join(map(shlex.quote, cmd)))
-    return sh("unshare", "-rn", "sh", "-c", inner, cwd=cwd, env=env)
+    search = os.pathsep.join([env.get("PATH", ""), "/usr/sbin", "/sbin"])  # `ip` lives in sbin, off a plain user's PATH
+    found = {tool: shutil.which(tool, path=search) for tool in TOOLS}
+    missing = [tool for tool, path in found.items() if not path]
+    assert not missing, f"{missing} not installed (util-linux, strace, iproute2): this test needs them"
+    inner = (f"{shlex.quote(found['ip'])} link set lo up && exec {shlex.quote(found['strace'])} -f -qq "
+             f"-e trace=connect,sendto,sendmsg -o {shlex.quote(str(trace))} " + " ".join(map(shlex.quote, cmd)))
+    return sh(found["unshare"], "-rn", "sh", "-c", inner, cwd=cwd, env=env)
 
 
 def outside_addresses(trace: Path) -> tuple[list[str], int]:

@@ -251,7 +251,7 @@ def test_dfr_reads_the_final_erm_checkpoint_not_the_selected_one(workdir):
     save_weights(marked, folder / FINAL_WEIGHTS, meta=final_meta, provenance=provenance)
 
     for base, expected, name in (("final", marked, FINAL_WEIGHTS), ("selected", selected, WEIGHTS)):
-        assert train.main([DS, "dfr", "0", f"method.dfr.base={base}", "method.dfr.n_refits=2"]) == 0
+        assert train.main([DS, "dfr", "0", *fast, f"method.dfr.base={base}", "method.dfr.n_refits=2"]) == 0  # erm's settings too
         dfr = load_model(model_dir(DS, "dfr", 0)).state_dict()
         assert all(torch.equal(dfr[k], v) for k, v in expected.items() if k.startswith("encoder."))
         config = read_json(model_dir(DS, "dfr", 0) / CONFIG)
@@ -298,7 +298,8 @@ def test_the_dfr_stage_prints_the_warning_in_one_line_and_keeps_it_in_config_jso
     assert train.main([DS, "erm", "0", "method.erm.epochs=2", "method.erm.hidden=[8]"]) == 0
     capsys.readouterr()
     # C values this small zero every weight of an L1 fit on any val split.
-    assert train.main([DS, "dfr", "0", "method.dfr.c_grid=[0.001,0.0001]", "method.dfr.n_refits=2"]) == 0
+    assert train.main([DS, "dfr", "0", "method.erm.epochs=2", "method.erm.hidden=[8]", "method.dfr.c_grid=[0.001,0.0001]",
+                       "method.dfr.n_refits=2"]) == 0
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
     config = read_json(model_dir(DS, "dfr", 0) / CONFIG)
     assert len(lines) == 1 and lines[0] == f"method.dfr on {DS} seed 0: warning: {config['dfr']['warning']}"

@@ -105,7 +105,7 @@ class Expected:
 
     `inputs`: files the consumer reads too (e.g. the prepared Parquet): the artifact must have
     been made from their present bytes. `config`: the validated params section the artifact's
-    maker runs under now (`config_key`, e.g. `method.erm`): the artifact must record the same
+    maker runs under now (`config_key`, e.g. `method.<name>`): the artifact must record the same
     `config_sha256` (weights of another architecture or training are refused, not used). `made_by`: the stage that makes the artifact wanted,
     named in the error. `verb` and `role` word the error: "was trained as method 'x'",
     "was evaluated with model 'x'".
