@@ -45,7 +45,7 @@ def publish_validation_failure(root: Path, dataset: str) -> None:
     create_markdown_artifact(key=artifact_key("validation", dataset), markdown=md, description=f"validate@{dataset}")
 
 
-@task(cache_policy=NO_CACHE)
+@task(name="publish-artifacts", cache_policy=NO_CACHE, task_run_name="publish-artifacts")
 def publish(root: str, datasets: list[str]) -> list[str]:
     """Leaderboard table, report markdown, validation results and links, as artifacts with stable keys."""
     from stages.core.artifacts import (
