@@ -68,6 +68,13 @@ def dangling_data(root: Path, with_dvc_yaml: bool = False) -> None:
         shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
 
 
+def params_text(edit: Callable[[str], str]) -> Callable[[Path], None]:
+    """A mutation of params.yaml's text."""
+    def apply(root: Path) -> None:
+        (root / "params.yaml").write_text(edit((root / "params.yaml").read_text()))
+    return apply
+
+
 def folder_at(rel: str) -> Callable[[Path], None]:
     def apply(root: Path) -> None:
         (root / rel).mkdir(parents=True)
@@ -127,6 +134,10 @@ CASES = [
     Case("dag-unknown-option", "stages.dag", ("--bogus",), ("unrecognized arguments: --bogus",)),
     Case("lock-root-not-a-workspace", "pipeline.lock", ("--root", "nowhere", "--", "true"), ("--root nowhere", "not a DVC workspace")),
     Case("sweep-grid-without-values", "pipeline.sweep", ("--grid", "method.erm.lr"), ("grid entry 'method.erm.lr'", "key=v1,v2")),
+    Case("params-yaml-duplicate-key", "stages.core.config", ("check",), ("params.yaml: not valid YAML (found duplicate key run at line",),
+         params_text(lambda t: t + "run:\n  seeds: [0]\n")),
+    Case("params-yaml-tab", "stages.core.config", ("check",), ("params.yaml: not valid YAML (a TAB at line 2, column 1: YAML indents with spaces)",),
+         params_text(lambda t: "x:\n\ty: 1\n" + t)),
     Case("flow-with-an-empty-params-yaml", "pipeline.flows", (), ("params.yaml: is empty", "no stage ran"), empty_params, "pipeline"),
     Case("flow-with-conflict-markers-in-dvc-lock", "pipeline.flows", (), ("dvc.lock: git merge-conflict markers (line 3: <<<<<<<)",),
          conflicted_lock, "pipeline"),

@@ -131,6 +131,23 @@ def _nearest_key(cfg: DictConfig, key: str) -> str:
     return ""
 
 
+def yaml_problem(e: BaseException, path: Path) -> str:
+    """A YAML parser's error as one line: what it found and where (line, column), not PyYAML's
+    several lines of context; a TAB where indentation belongs says so."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(e).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    try:
+        line = path.read_text(errors="replace").splitlines()[mark.line]
+    except (OSError, IndexError):
+        line = ""
+    if line[mark.column : mark.column + 1] == "\t":
+        return f"a TAB at {where}: YAML indents with spaces"
+    return f"{' '.join(problem.split())} at {where}"
+
+
 def load_params(path: str | Path = PARAMS, overrides: Sequence[str] = ()) -> DictConfig:
     """Read params.yaml (without NOT_READ_BY_STAGES) and apply `key=value` overrides (the hand-run path)."""
     path = Path(path)
@@ -141,7 +158,7 @@ def load_params(path: str | Path = PARAMS, overrides: Sequence[str] = ()) -> Dic
     try:
         cfg = load_yaml(path, omit=NOT_READ_BY_STAGES)
     except Exception as e:  # yaml errors come in many classes
-        raise ConfigError(f"{path}: not valid YAML ({e})") from e
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(e, path)})") from e
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{path}: top level must be a mapping")
     for ov in overrides:
