@@ -269,6 +269,20 @@ def writer(root: Path, times: int, start: int = 1, **env: str) -> subprocess.Pop
                             env={**project_env(), "PYTHONPATH": str(ROOT), **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def hit_mid_stage(root: Path, home: Path, marker: str, hit: Any) -> tuple[int, str, str]:
+    """Start the flow on `root`, wait until both stages run, call `hit(flow)`; (exit code, stdout,
+    stderr) once it exits (ended's 120 s bound guards a hang, it times nothing)."""
+    flow = start_flow(root, home, marker)
+    try:
+        wait_until_both_run(root, flow, marker)
+        sent = time.monotonic()
+        hit(flow)
+        code, _, out, err = ended(flow, sent, marker)
+    finally:
+        kill_run(flow, marker)
+    return code, out, err
+
+
 def test_ctrl_c_of_a_first_run_says_there_was_nothing_to_restore(tmp_path, prefect_home):
     """Stopped before its stages ever finished, a run has no last good outputs in DVC's cache: its
     line says which outputs stay missing instead of claiming they were restored."""
@@ -280,14 +294,7 @@ def test_ctrl_c_of_a_first_run_says_there_was_nothing_to_restore(tmp_path, prefe
     (root / "block.py").write_text(textwrap.dedent(BLOCK))
     (root / "input.txt").write_text("v1")
     marker = uuid.uuid4().hex
-    flow = start_flow(root, prefect_home, marker)
-    try:
-        wait_until_both_run(root, flow, marker)
-        sent = time.monotonic()
-        os.killpg(flow.pid, signal.SIGINT)
-        code, _, out, err = ended(flow, sent, marker)
-    finally:
-        kill_run(flow, marker)
+    code, out, err = hit_mid_stage(root, prefect_home, marker, lambda flow: os.killpg(flow.pid, signal.SIGINT))
     assert code == 130, err[-3000:]
     line = err.strip().splitlines()[-1]
     assert re.fullmatch(
@@ -307,15 +314,12 @@ def test_a_dead_prefect_server_ends_the_run_with_one_line_and_the_outputs_restor
     good = blocking_project(root)
     (root / "input.txt").write_text("v2")
     marker = uuid.uuid4().hex
-    flow = start_flow(root, prefect_home, marker)
-    try:
-        wait_until_both_run(root, flow, marker)
+
+    def kill_server(flow: subprocess.Popen[str]) -> None:
         [server] = [int(p.split()[0]) for p in run_processes(marker) if "uvicorn" in p and "prefect.server" in p]
-        killed = time.monotonic()
         os.kill(server, signal.SIGKILL)
-        code, _, out, err = ended(flow, killed, marker)  # its 120 s bound guards a hang, it times nothing
-    finally:
-        kill_run(flow, marker)
+
+    code, out, err = hit_mid_stage(root, prefect_home, marker, kill_server)
     assert code == 1, err[-3000:]
     line = err.strip().splitlines()[-1]
     assert re.fullmatch(
